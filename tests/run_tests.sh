@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite (called by `make test`, which installs .venv first). Offline: nothing here touches the hub.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export DISTRINEWS_DATA_DIR="${DISTRINEWS_DATA_DIR:-$(cd .. && pwd)/shared/data/ag_news}"
+export DISTRINEWS_PROFILE=smoke
+export DISTRINEWS_CACHE="${DISTRINEWS_CACHE:-$PWD/.cache}"
+step() { printf '\n=== %s\n' "$*"; }
+
+step "1/4 the exported package is in sync with the notebooks"
+$BIN/nbdev_export
+git diff --exit-code --stat -- distrinews || { echo "distrinews/ differs from what nbs/ export: run nbdev_export and commit."; exit 1; }
+
+step "2/4 nbdev_test: every notebook, profile=smoke"
+(cd nbs && ../$BIN/nbdev_test --n_workers 1 --timing)
+
+step "3/4 papermill: every notebook with -p profile smoke"
+out=$(mktemp -d)
+for nb in nbs/[0-9]*.ipynb; do
+  (cd nbs && ../$BIN/papermill --log-level WARNING -p profile smoke "$(basename "$nb")" "$out/$(basename "$nb")")
+done
+
+step "4/4 pytest"
+$BIN/python -m pytest -q tests
