@@ -1,12 +1,13 @@
 # The two commands of the README. Both create (or reuse) .venv and install what they need.
-#   make main   train on the `cpu` profile, evaluate on the real test set, save a checkpoint
+#   make main   train with DDP on the `cpu` profile (2 CPU workers, or every GPU), evaluate on the real test set,
+#               save a resumable checkpoint in runs/cpu/checkpoint, then serve it on http://127.0.0.1:7860
 #   make test   every test: exported package in sync, nbdev_test, papermill (profile=smoke), pytest
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export DISTRINEWS_DATA_DIR ?= $(abspath ../shared/data/ag_news)
 
-.PHONY: main test venv
+.PHONY: main test venv readme
 venv: $(VENV)/.installed
 $(VENV)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,8 +16,15 @@ $(VENV)/.installed: settings.ini setup.py
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
+PROFILE ?= cpu
 main: venv
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/distrinews-train --profile cpu
+	PATH="$(abspath $(BIN)):$$PATH" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+	  bash nbs/run_ddp.sh --profile $(PROFILE) --global-batch-size 32 --output-dir runs/$(PROFILE)
+	HF_HUB_OFFLINE=1 $(BIN)/distrinews-serve --checkpoint runs/$(PROFILE)/checkpoint --host 127.0.0.1 --port 7860
 
 test: venv
 	bash tests/run_tests.sh
+
+# README.md is rendered from nbs/index.ipynb (nbdev_readme needs Quarto, which this machine cannot install)
+readme: venv
+	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README --log-level WARN

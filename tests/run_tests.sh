@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
+export PATH="$PWD/$BIN:$PATH"            # torchrun for the notebooks' launch cells
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export DISTRINEWS_DATA_DIR="${DISTRINEWS_DATA_DIR:-$(cd .. && pwd)/shared/data/ag_news}"
 export DISTRINEWS_PROFILE=smoke
@@ -12,9 +13,13 @@ step() { printf '\n=== %s\n' "$*"; }
 step "1/4 the exported package is in sync with the notebooks"
 $BIN/nbdev_export
 git diff --exit-code --stat -- distrinews || { echo "distrinews/ differs from what nbs/ export: run nbdev_export and commit."; exit 1; }
+$BIN/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README --log-level WARN
+git diff --exit-code --stat -- README.md || { echo "README.md differs from nbs/index.ipynb: run 'make readme' and commit."; exit 1; }
 
 step "2/4 nbdev_test: every notebook, profile=smoke"
 (cd nbs && ../$BIN/nbdev_test --n_workers 1 --timing)
+# 04_ddp writes the DDP script and its launcher with %%writefile: the committed copies must be what it writes
+git diff --exit-code --stat -- nbs/train_ddp.py nbs/run_ddp.sh || { echo "nbs/train_ddp.py or run_ddp.sh differ from 04_ddp.ipynb's %%writefile cells: commit what the notebook writes."; exit 1; }
 
 step "3/4 papermill: every notebook with -p profile smoke"
 out=$(mktemp -d)

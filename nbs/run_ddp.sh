@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Launch train_ddp.py with torchrun on this machine: one worker per GPU, or 2 CPU workers (gloo) without GPUs.
+#   bash run_ddp.sh --profile cpu --global-batch-size 32         NPROC=4 bash run_ddp.sh ...   (override the count)
+# Written by nbs/04_ddp.ipynb -- edit the notebook, not this file.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+gpus=$(python -c "import torch; print(torch.cuda.device_count())")
+nproc="${NPROC:-$([ "$gpus" -gt 0 ] && echo "$gpus" || echo 2)}"
+# CPU workers share the cores: one thread each avoids oversubscription (torchrun would also default to 1)
+[ "$gpus" -gt 0 ] || export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+exec torchrun --standalone --nproc_per_node="$nproc" --max-restarts="${MAX_RESTARTS:-0}" "$here/train_ddp.py" "$@"
