@@ -28,4 +28,9 @@ for nb in nbs/[0-9]*.ipynb; do
 done
 
 step "4/4 pytest"
+# the demo-page test drives Debian's chromium headless (never `playwright install`: it downloads a browser)
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >/dev/null \
+    || echo "could not install chromium: the browser test will be skipped"
+fi
 $BIN/python -m pytest -q tests

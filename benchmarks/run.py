@@ -1,0 +1,51 @@
+"""Run the benchmark notebook (nbs/07_benchmarks.ipynb) with papermill over a matrix of parameters, keep each executed
+notebook in benchmarks/runs/, then render benchmarks/README.md and the PNG charts from benchmarks/results/*.json.
+
+    DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/run.py      # the real thing, ~30 min on 2 cores
+    .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench                          # tiny parameters, ~2 min (the tests run this)
+    .venv/bin/python benchmarks/run.py --only serving                                    # one row of the matrix
+"""
+import argparse, sys, tempfile
+from pathlib import Path
+
+import papermill as pm
+
+HERE = Path(__file__).resolve().parent
+NOTEBOOK = HERE.parent / "nbs" / "07_benchmarks.ipynb"
+
+# one executed notebook per row; measurements that compete for the CPU run in separate rows, one after the other
+MATRIX = {
+    "training": dict(measure="trainer,ddp", world_sizes=[1, 2], threads_per_rank=1, steps=20, trainer_samples=1024),
+    "accuracy-serving": dict(profile="cpu", measure="accuracy,serving", serving_clients=[1, 8, 32], serving_requests=1024),
+    "gpu": dict(measure="gpu"),
+}
+SMOKE = {
+    "smoke": dict(profile="smoke", measure="trainer,ddp,accuracy,serving,gpu", world_sizes=[1, 2], steps=2, warmup=1,
+                  batch_size=8, trainer_samples=64, serving_clients=[4], serving_requests=16),
+}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny parameters, output into --out (default: a temp folder)")
+    p.add_argument("--only", nargs="+", help=f"rows of the matrix to run: {sorted(MATRIX)}")
+    p.add_argument("--out", help="folder for results/, runs/ and the report (default: benchmarks/ itself)")
+    a = p.parse_args(argv)
+    matrix = SMOKE if a.smoke else {k: v for k, v in MATRIX.items() if not a.only or k in a.only}
+    if a.only and not matrix: p.error(f"--only: choose from {sorted(MATRIX)}")
+    out = Path(a.out or (tempfile.mkdtemp(prefix="distrinews-bench-") if a.smoke else HERE)).resolve()
+    results, runs = out / "results", out / "runs"
+    runs.mkdir(parents=True, exist_ok=True); results.mkdir(parents=True, exist_ok=True)
+    for name, params in matrix.items():
+        print(f"== {name}: {params}", flush=True)
+        pm.execute_notebook(NOTEBOOK, runs / f"07_benchmarks-{name}.ipynb", parameters=dict(params, out_dir=str(results)),
+                            cwd=NOTEBOOK.parent, progress_bar=False, log_output=False)
+    sys.path.insert(0, str(HERE))
+    import report
+    report.render(results, out)
+    print(f"report: {out / 'README.md'}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
