@@ -64,7 +64,7 @@ def main(argv=None):
         p.error(f"--samples must cover warm-up + timed steps: at least {a.batch_size * (a.steps + a.warmup)}")
     torch.set_num_threads(a.threads)
     rows = stratified_subset(load_agnews("train"), a.samples, seed=0)
-    ref = reference_loop(a.model, rows["text"], rows["label"], a.batch_size, a.steps, a.warmup)
+    ref = reference_loop(a.model, list(rows["text"]), list(rows["label"]), a.batch_size, a.steps, a.warmup)
     ours, precision = our_trainer(a.model, a.samples, a.batch_size, a.steps, a.warmup)
     result = dict(benchmark="trainer_vs_reference", model=a.model, samples=a.samples, batch_size=a.batch_size,
                   timed_steps=a.steps, threads=a.threads, reference_samples_per_s=round(ref, 2),

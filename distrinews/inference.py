@@ -19,14 +19,15 @@ from pathlib import Path
 
 import torch
 
+from .train import native_bf16, pick_device
 from .model import (LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, ModelNotAvailableError, build_classifier,
                               load_tokenizer, predict, resolve_model_source)
 
 # %% auto #0
 __all__ = ['WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'PROBE_TEXTS', 'make_demo_checkpoint', 'InvalidCheckpointError',
-           'check_checkpoint_dir', 'native_bf16', 'choose_dtype', 'Classifier', 'pick_device', 'weights_digest',
-           'load_classifier', 'load_reference_checkpoint', 'convert_reference_checkpoint', 'QueueFullError',
-           'MicroBatcher', 'default_checkpoint']
+           'check_checkpoint_dir', 'choose_dtype', 'Classifier', 'weights_digest', 'load_classifier',
+           'load_reference_checkpoint', 'convert_reference_checkpoint', 'QueueFullError', 'MicroBatcher',
+           'default_checkpoint']
 
 # %% ../nbs/05_inference.ipynb #3659f40f
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
@@ -96,15 +97,6 @@ PROBE_TEXTS = [
     "New smartphone chip doubles battery life, researchers say",
 ]
 
-def native_bf16(device: str | torch.device) -> bool:
-    "True when `device` computes in bfloat16 natively (CUDA with bf16 support; a CPU with AVX512-BF16 or AMX)."
-    device = torch.device(device)
-    if device.type == "cuda": return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-        return any(bool(check()) for check in checks if check is not None)
-    return False
-
 def choose_dtype(model, tokenizer, device: str | torch.device, requested: str = "auto", probes=PROBE_TEXTS,
                  max_length: int = 128) -> tuple[torch.dtype | None, str]:
     "The autocast dtype to serve with (None: float32) and why. `requested`: auto | fp32 | bf16."
@@ -155,14 +147,6 @@ class Classifier:
         return self.predict_batch([text])[0]
 
 # %% ../nbs/05_inference.ipynb #679b8667
-def pick_device(device: str | torch.device | None = "auto") -> torch.device:
-    "`auto`/None: the GPU when there is one, else the CPU; otherwise the named device, which must exist."
-    if device in (None, "auto"): return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r} was requested but CUDA is not available here; use 'cpu' or 'auto'.")
-    return device
-
 def weights_digest(path: str | os.PathLike, n: int = 12) -> str:
     "A short sha256 of the checkpoint's weight files: the model version."
     h = hashlib.sha256()

@@ -46,6 +46,7 @@ class RunConfig:
     weight_decay: float = 0.01
     grad_accum: int = 1                 # micro-batches per optimizer step
     max_grad_norm: float = 1.0
+    label_smoothing: float = 0.0        # spread this much target probability over the other classes (regularizes)
     precision: str = "auto"             # auto | fp32 | bf16 | fp16
     seed: int = 42
     output_dir: str = "runs/cpu"
@@ -192,8 +193,9 @@ def build_classifier(name: str | os.PathLike, num_labels: int = len(LABELS), see
     if seed is not None: torch.manual_seed(seed)  # the new head's initial weights
     labels = dict(num_labels=num_labels, id2label=ID2LABEL, label2id=LABEL2ID)
     source = resolve_model_source(name)
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # "some weights are newly initialized": yes, the head; that is the point
+    hf_logging.disable_progress_bar() # and no "Loading weights" bar in every notebook output
     try:
         config = DistilBertConfig(**labels) if source == RANDOM_DISTILBERT else AutoConfig.from_pretrained(source, **labels)
         if dropout is not None:  # names differ by architecture (hidden_dropout_prob, attention_dropout, ...): set them all
@@ -203,7 +205,9 @@ def build_classifier(name: str | os.PathLike, num_labels: int = len(LABELS), see
         return AutoModelForSequenceClassification.from_pretrained(source, config=config)
     except OSError as e:
         raise ModelNotAvailableError(f"Could not load model {name!r} ({e}). Use a local folder or model_name={OFFLINE_ENCODER!r}.") from e
-    finally: hf_logging.set_verbosity(verbosity)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars: hf_logging.enable_progress_bar()
 
 # %% ../nbs/01_model.ipynb #8246110d
 @torch.inference_mode()

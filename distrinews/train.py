@@ -24,28 +24,35 @@ from .model import LABELS, RunConfig, add_config_args, build_classifier, config_
 from .data import build_dataloaders
 
 # %% auto #0
-__all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'RESUMABLE_CHANGES', 'pick_device', 'cpu_supports_bf16',
-           'pick_precision', 'seed_everything', 'rng_state', 'set_rng_state', 'atomic_directory', 'write_json_atomic',
-           'CheckpointError', 'find_checkpoint', 'save_checkpoint', 'load_training_state', 'check_resumable',
-           'make_optimizer', 'make_scheduler', 'Trainer', 'make_trainer', 'plot_history', 'train_parser',
-           'run_training', 'main']
+__all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'RESUMABLE_CHANGES', 'pick_device', 'native_bf16', 'pick_precision',
+           'seed_everything', 'rng_state', 'set_rng_state', 'atomic_directory', 'write_json_atomic', 'CheckpointError',
+           'find_checkpoint', 'save_checkpoint', 'load_training_state', 'check_resumable', 'make_optimizer',
+           'make_scheduler', 'Trainer', 'make_trainer', 'plot_history', 'train_parser', 'run_training', 'main']
 
 # %% ../nbs/03_single_gpu.ipynb #bef3d122
-def pick_device(device: str | None = None) -> torch.device:
-    "The given device, else `cuda` when available, else `cpu`."
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+def pick_device(device: str | torch.device | None = "auto") -> torch.device:
+    "`auto`/None: the GPU when there is one, else the CPU; otherwise the named device, which must exist."
+    if device in (None, "auto"): return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} was requested but CUDA is not available here; use 'cpu' or 'auto'.")
+    return device
 
-def cpu_supports_bf16() -> bool:
-    "True when this CPU has native bf16 arithmetic (AVX-512 BF16 or AMX); elsewhere bf16 autocast is emulated and slow."
-    try: return bool(torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX") or torch.cpu._is_avx512_bf16_supported())
-    except Exception: return False
+def native_bf16(device: str | torch.device) -> bool:
+    "True when `device` computes in bfloat16 natively (CUDA with bf16; a CPU with AVX512-BF16 or AMX). Elsewhere bf16 is emulated and slow."
+    device = torch.device(device)
+    if device.type == "cuda": return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+        return any(bool(check()) for check in checks if check is not None)
+    return False
 
 def pick_precision(precision: str, device: torch.device) -> str:
     "Resolve `auto` to bf16, fp16 or fp32 for `device`; reject combinations that cannot work."
     cuda = device.type == "cuda"
     if precision == "auto":
-        if cuda: return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "bf16" if cpu_supports_bf16() else "fp32"
+        if native_bf16(device): return "bf16"
+        return "fp16" if cuda else "fp32"
     if precision == "fp16" and not cuda:
         raise ValueError("precision='fp16' needs a CUDA GPU (fp16 with GradScaler); on CPU use 'bf16' or 'fp32'.")
     if precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
@@ -155,7 +162,7 @@ class Trainer:
     "A small, complete trainer for one process; `DDPTrainer` (notebook 04) makes it distributed."
     def __init__(self, cfg: RunConfig, model, tokenizer, train_dl, test_dl, device=None, log=print, progress: bool = True):
         self.cfg, self.tokenizer, self.train_dl, self.test_dl = cfg, tokenizer, train_dl, test_dl
-        self.device = pick_device(str(device) if device is not None else None)
+        self.device = pick_device(device)
         self.precision = pick_precision(cfg.precision, self.device)
         self.amp_dtype = AUTOCAST_DTYPES[self.precision]
         self.model = self._prepare_model(model.to(self.device))
@@ -191,9 +198,11 @@ class Trainer:
     def _run_batch(self, batch: dict, loss_scale: float, sync: bool) -> float:
         "Forward and backward for one micro-batch; gradients are synchronised only when `sync` (the group's last)."
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        labels = batch.pop("labels")
         with self._sync_gradients(sync):       # set *before* the forward pass: DDP decides there whether to all-reduce
             with self._autocast():
-                loss = self.model(**batch).loss
+                logits = self.model(**batch).logits
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
             self.scaler.scale(loss * loss_scale).backward()
         return loss.item()
 
