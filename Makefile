@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DISTRINEWS_DATA_DIR ?= $(abspath ../shared/data/ag_news)
 
-.PHONY: main test venv readme
+.PHONY: main test venv readme docs
 venv: $(VENV)/.installed
 $(VENV)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,13 @@ main: venv
 test: venv
 	bash tests/run_tests.sh
 
-# README.md is rendered from nbs/index.ipynb (nbdev_readme needs Quarto, which this machine cannot install)
+# README.md is rendered from nbs/index.ipynb (nbdev_readme needs Quarto, which this machine cannot install).
+# The index links notebooks as the docs site sees them (`01_model.ipynb`); on GitHub they live in nbs/.
 readme: venv
-	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README --log-level WARN
+	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --stdout --log-level WARN \
+	  | sed -E 's#\]\(([0-9][0-9]_[a-z_]+\.ipynb)#](nbs/\1#g' > README.md
+
+# The course as a website (nbdev_docs renders with Quarto: install it from quarto.org first; `pip install quarto-cli`
+# works only where GitHub downloads are allowed)
+docs: venv
+	$(BIN)/nbdev_docs

@@ -29,7 +29,7 @@ __all__ = ['WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'PROBE_TEXTS', 'make_demo_chec
            'load_reference_checkpoint', 'convert_reference_checkpoint', 'QueueFullError', 'MicroBatcher',
            'default_checkpoint']
 
-# %% ../nbs/05_inference.ipynb #3659f40f
+# %% ../nbs/05_inference.ipynb #0ce389de
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -50,7 +50,7 @@ def make_demo_checkpoint(path: str | os.PathLike, model_name: str = OFFLINE_ENCO
                                                       "max_length": max_length, "profile": "demo", "seed": seed}, indent=1))
     return path
 
-# %% ../nbs/05_inference.ipynb #d74fbebe
+# %% ../nbs/05_inference.ipynb #21941852
 class InvalidCheckpointError(ValueError):
     "A path that cannot be served as a classifier; the message says what is missing and what to do."
 
@@ -85,7 +85,7 @@ def check_checkpoint_dir(path: str | os.PathLike) -> Path:
                                      "with `tokenizer.save_pretrained(dir)`.")
     return path
 
-# %% ../nbs/05_inference.ipynb #da968a20
+# %% ../nbs/05_inference.ipynb #38425ca2
 PROBE_TEXTS = [
     "Rebels seize the capital as the president flees the country",
     "UN Security Council calls for a ceasefire in the border conflict",
@@ -111,7 +111,7 @@ def choose_dtype(model, tokenizer, device: str | torch.device, requested: str = 
     gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(ref, low) for k in a["probabilities"])
     return torch.bfloat16, f"bf16: same labels as fp32 on {len(probes)} probe texts (max probability change {gap:.3f})"
 
-# %% ../nbs/05_inference.ipynb #7dfac89d
+# %% ../nbs/05_inference.ipynb #679b8667
 @dataclass
 class Classifier:
     "A loaded text classifier: `predict(text)` and `predict_batch(texts)` give label, confidence and probabilities."
@@ -146,7 +146,7 @@ class Classifier:
         if not isinstance(text, str): raise TypeError(f"predict expects a string, got {type(text).__name__}")
         return self.predict_batch([text])[0]
 
-# %% ../nbs/05_inference.ipynb #679b8667
+# %% ../nbs/05_inference.ipynb #9af2c0d8
 def weights_digest(path: str | os.PathLike, n: int = 12) -> str:
     "A short sha256 of the checkpoint's weight files: the model version."
     h = hashlib.sha256()
@@ -160,7 +160,7 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError, UnicodeDecodeError): return {}
     return data if isinstance(data, dict) else {}
 
-# %% ../nbs/05_inference.ipynb #9af2c0d8
+# %% ../nbs/05_inference.ipynb #bcab0312
 def load_classifier(path: str | os.PathLike, device: str | torch.device | None = "auto", dtype: str = "auto",
                     max_length: int | None = None, base_model: str | None = None) -> Classifier:
     "A `Classifier` from a checkpoint folder (or a reference-design `.pt` file, loaded with `weights_only=True`)."
@@ -189,7 +189,7 @@ def load_classifier(path: str | os.PathLike, device: str | torch.device | None =
                 metrics=_read_json(path / "metrics.json") if path.is_dir() else {})
     return Classifier(model, tokenizer, device, chosen, max_length, name=name, version=version, info=info)
 
-# %% ../nbs/05_inference.ipynb #fe7e06b1
+# %% ../nbs/05_inference.ipynb #9b05a28d
 def _strip_prefixes(state_dict: dict) -> dict:
     out = {}
     for key, value in state_dict.items():
@@ -249,7 +249,7 @@ def convert_reference_checkpoint(pt_path: str | os.PathLike, out_dir: str | os.P
     (out_dir / "run_config.json").write_text(json.dumps(meta, indent=1))
     return out_dir
 
-# %% ../nbs/05_inference.ipynb #52b0799c
+# %% ../nbs/05_inference.ipynb #a522e998
 class QueueFullError(RuntimeError):
     "The micro-batcher's queue is full; try again after `retry_after` seconds."
     def __init__(self, message: str, retry_after: float = 1.0):
@@ -338,7 +338,7 @@ class MicroBatcher:
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.stop()
 
-# %% ../nbs/05_inference.ipynb #cdc50529
+# %% ../nbs/05_inference.ipynb #2fb1b841
 def default_checkpoint(profile: str | None = None, root: str | os.PathLike | None = None) -> Path | None:
     "The training checkpoint of `profile` (`<output_dir>/checkpoint` under `root`), or None if there is none yet."
     from distrinews.model import get_config

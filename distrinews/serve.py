@@ -42,7 +42,7 @@ from .inference import Classifier, MicroBatcher, QueueFullError, load_classifier
 
 log = logging.getLogger("distrinews.serve")
 
-# %% ../nbs/06_deploy.ipynb #092f56ac
+# %% ../nbs/06_deploy.ipynb #9244d114
 class ServeSettings(BaseSettings):
     "Settings of the API server; each field reads the environment variable DISTRINEWS_<FIELD NAME>."
     model_config = SettingsConfigDict(env_prefix="DISTRINEWS_", extra="ignore")
@@ -72,7 +72,7 @@ class ServeSettings(BaseSettings):
                              "or no full batch request could ever be queued")
         return self
 
-# %% ../nbs/06_deploy.ipynb #25607f96
+# %% ../nbs/06_deploy.ipynb #98c106a1
 def _check_text(text: str) -> str:
     if not text.strip(): raise ValueError("text is empty or only white space")
     return text
@@ -116,7 +116,7 @@ class Health(BaseModel):
 class ErrorMessage(BaseModel):
     detail: str | list[dict]
 
-# %% ../nbs/06_deploy.ipynb #be133b11
+# %% ../nbs/06_deploy.ipynb #387900cf
 async def _send_error(scope, receive, send, status: int, detail: str, headers: dict | None = None):
     await JSONResponse({"detail": detail}, status_code=status, headers=headers)(scope, receive, send)
 
@@ -166,7 +166,7 @@ class BodyGuard:
             if message["type"] != "http.request" or not message.get("more_body", False): return
             seen += len(message.get("body", b""))
 
-# %% ../nbs/06_deploy.ipynb #5e964f90
+# %% ../nbs/06_deploy.ipynb #cd78d31b
 ERROR_RESPONSES = {400: {"model": ErrorMessage, "description": "Body is not valid UTF-8"},
                    413: {"model": ErrorMessage, "description": "Body larger than max_body_bytes"},
                    422: {"model": ErrorMessage, "description": "Invalid JSON or input outside the limits"},
@@ -194,7 +194,7 @@ async def _infer(app: FastAPI, texts: list[str]) -> list[dict]:
         raise HTTPException(503, detail=str(e), headers={"Retry-After": str(math.ceil(e.retry_after))}) from None
     return await asyncio.wrap_future(future)
 
-# %% ../nbs/06_deploy.ipynb #cd78d31b
+# %% ../nbs/06_deploy.ipynb #bea0fe57
 def create_app(settings: ServeSettings | None = None, classifier: Classifier | None = None) -> FastAPI:
     "The DistriNews API. `classifier`: an already loaded model (else `settings.checkpoint` is loaded at startup)."
     settings = settings or ServeSettings()
@@ -262,7 +262,7 @@ def create_app(settings: ServeSettings | None = None, classifier: Classifier | N
 
     return app
 
-# %% ../nbs/06_deploy.ipynb #0c38ca7d
+# %% ../nbs/06_deploy.ipynb #7de80d9c
 DEMO_HTML = """<!doctype html>
 <html lang="en">
 <head>
@@ -351,7 +351,7 @@ fetch("health").then((r) => r.json()).then((h) => {
 </html>
 """
 
-# %% ../nbs/06_deploy.ipynb #a5fc19d5
+# %% ../nbs/06_deploy.ipynb #87067b3b
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distrinews-serve", description="Serve a DistriNews checkpoint over HTTP. Every "
                                 "setting can also come from an environment variable DISTRINEWS_<NAME>.")
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None):
 
 if __name__ == "__main__" and sys.argv[0].endswith("serve.py"): main()
 
-# %% ../nbs/06_deploy.ipynb #18a670fb
+# %% ../nbs/06_deploy.ipynb #b6365a05
 def free_port(host: str = "127.0.0.1") -> int:
     "A TCP port that is free on `host` right now."
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -429,7 +429,7 @@ def running_server(checkpoint=None, *args: str, host: str = "127.0.0.1", port: i
         except subprocess.TimeoutExpired: proc.kill(); proc.wait()
         logfile.close()
 
-# %% ../nbs/06_deploy.ipynb #d18adb11
+# %% ../nbs/06_deploy.ipynb #eb9b56d0
 DOCKERFILE = """\
 # DistriNews API: CPU-only image for a Hugging Face Docker Space (or any container host).
 # Build context: a folder made by `distrinews.serve.stage_space(checkpoint, folder)`: this file, requirements.txt,
@@ -550,7 +550,7 @@ def write_deployment(out_dir: str | os.PathLike) -> list[Path]:
         written.append(path)
     return written
 
-# %% ../nbs/06_deploy.ipynb #70fab3a5
+# %% ../nbs/06_deploy.ipynb #bc4ff438
 DOCKER_INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
                        "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "MAINTAINER"}
 
@@ -626,7 +626,7 @@ def space_front_matter(readme: str) -> dict:
     pairs = (line.split(":", 1) for line in m.group(1).splitlines() if ":" in line)
     return {k.strip(): v.strip() for k, v in pairs}
 
-# %% ../nbs/06_deploy.ipynb #4d800d4b
+# %% ../nbs/06_deploy.ipynb #4d708e7a
 SERVABLE = re.compile(r".*\.(json|safetensors|txt|model)$")
 
 def stage_space(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path:

@@ -13,7 +13,7 @@ step() { printf '\n=== %s\n' "$*"; }
 step "1/4 the exported package is in sync with the notebooks"
 $BIN/nbdev_export
 git diff --exit-code --stat -- distrinews || { echo "distrinews/ differs from what nbs/ export: run nbdev_export and commit."; exit 1; }
-$BIN/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README --log-level WARN
+make -s readme
 git diff --exit-code --stat -- README.md || { echo "README.md differs from nbs/index.ipynb: run 'make readme' and commit."; exit 1; }
 
 step "2/4 nbdev_test: every notebook, profile=smoke"
