@@ -135,7 +135,7 @@ def tokenize_dataset(ds, tokenizer, max_length: int = 128, cache_dir: str | os.P
     return ds.map(encode, batched=True, batch_size=1000, remove_columns=["text"], new_fingerprint=key,
                   cache_file_name=str(cache_dir / f"tokenized-{key}.arrow"), desc="Tokenizing")
 
-# %% ../nbs/02_dataset.ipynb #90be4d19
+# %% ../nbs/02_dataset.ipynb #654ab02a
 def make_collator(tokenizer, pad_to_multiple_of: int | None = None):
     "Pads each batch to its longest item (rounded up to `pad_to_multiple_of`); renames `label` to `labels`."
     from transformers import DataCollatorWithPadding
@@ -144,7 +144,7 @@ def make_collator(tokenizer, pad_to_multiple_of: int | None = None):
         return pad([{k: v for k, v in item.items() if k != "length"} for item in items])
     return collate
 
-# %% ../nbs/02_dataset.ipynb #5604760e
+# %% ../nbs/02_dataset.ipynb #75cd51d1
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     "Batches of similar-length items, shuffled per epoch, sharded across `num_replicas` ranks (same batch count on each)."
     def __init__(self, lengths, batch_size: int, shuffle: bool = True, group_by_length: bool = True,
@@ -185,13 +185,13 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         steps = self.global_batches()[self.start_batch:]
         return sum(1 for step in steps if self.rank < len(step))
 
-# %% ../nbs/02_dataset.ipynb #5f90dfa0
+# %% ../nbs/02_dataset.ipynb #28d70f64
 def padding_fraction(batches, lengths) -> float:
     "Fraction of token slots that are padding when each batch is padded to its longest item."
     slots = sum(len(b) * max(lengths[i] for i in b) for b in batches)
     return 1 - sum(lengths[i] for b in batches for i in b) / slots
 
-# %% ../nbs/02_dataset.ipynb #c8d5b1bc
+# %% ../nbs/02_dataset.ipynb #f18da21c
 def load_splits(cfg):
     "Train and test `Dataset`s (raw text) for `cfg`: its data source and stratified subset sizes."
     train = stratified_subset(load_agnews("train", cfg.data_dir, cfg.data_source), cfg.train_size, seed=cfg.seed)

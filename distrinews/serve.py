@@ -351,7 +351,7 @@ fetch("health").then((r) => r.json()).then((h) => {
 </html>
 """
 
-# %% ../nbs/06_deploy.ipynb #87067b3b
+# %% ../nbs/06_deploy.ipynb #7ad362ca
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distrinews-serve", description="Serve a DistriNews checkpoint over HTTP. Every "
                                 "setting can also come from an environment variable DISTRINEWS_<NAME>.")
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None):
 
 if __name__ == "__main__" and sys.argv[0].endswith("serve.py"): main()
 
-# %% ../nbs/06_deploy.ipynb #b6365a05
+# %% ../nbs/06_deploy.ipynb #5094b2b7
 def free_port(host: str = "127.0.0.1") -> int:
     "A TCP port that is free on `host` right now."
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -429,7 +429,7 @@ def running_server(checkpoint=None, *args: str, host: str = "127.0.0.1", port: i
         except subprocess.TimeoutExpired: proc.kill(); proc.wait()
         logfile.close()
 
-# %% ../nbs/06_deploy.ipynb #eb9b56d0
+# %% ../nbs/06_deploy.ipynb #70fab3a5
 DOCKERFILE = """\
 # DistriNews API: CPU-only image for a Hugging Face Docker Space (or any container host).
 # Build context: a folder made by `distrinews.serve.stage_space(checkpoint, folder)`: this file, requirements.txt,
@@ -550,7 +550,7 @@ def write_deployment(out_dir: str | os.PathLike) -> list[Path]:
         written.append(path)
     return written
 
-# %% ../nbs/06_deploy.ipynb #bc4ff438
+# %% ../nbs/06_deploy.ipynb #0263f43f
 DOCKER_INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
                        "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "MAINTAINER"}
 
@@ -626,7 +626,7 @@ def space_front_matter(readme: str) -> dict:
     pairs = (line.split(":", 1) for line in m.group(1).splitlines() if ":" in line)
     return {k.strip(): v.strip() for k, v in pairs}
 
-# %% ../nbs/06_deploy.ipynb #4d708e7a
+# %% ../nbs/06_deploy.ipynb #aacc863f
 SERVABLE = re.compile(r".*\.(json|safetensors|txt|model)$")
 
 def stage_space(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path:

@@ -312,7 +312,7 @@ class Trainer:
             if stop_at_step is not None and self.step >= stop_at_step: break
         return self.history
 
-# %% ../nbs/03_single_gpu.ipynb #cf88979c
+# %% ../nbs/03_single_gpu.ipynb #209282a2
 def make_trainer(cfg: RunConfig, trainer_cls=Trainer, resume: bool = False, **kwargs):
     "Tokenizer, model (from the checkpoint when resuming), data and a trainer for `cfg`; restored from its snapshot if `resume`."
     seed_everything(cfg.seed)
@@ -324,7 +324,7 @@ def make_trainer(cfg: RunConfig, trainer_cls=Trainer, resume: bool = False, **kw
     if checkpoint is not None: trainer._load_snapshot(checkpoint)
     return trainer
 
-# %% ../nbs/03_single_gpu.ipynb #badd9b84
+# %% ../nbs/03_single_gpu.ipynb #c46d5742
 def plot_history(history: list[dict], train_log: list[tuple], path: str | os.PathLike | None = None):
     "Training loss per step and test loss/accuracy per epoch, side by side; saved to `path` if given."
     import matplotlib; matplotlib.use("Agg") if path and "ipykernel" not in sys.modules else None
@@ -339,7 +339,7 @@ def plot_history(history: list[dict], train_log: list[tuple], path: str | os.Pat
     if path: fig.savefig(path, dpi=100)
     return fig
 
-# %% ../nbs/03_single_gpu.ipynb #af2c61ee
+# %% ../nbs/03_single_gpu.ipynb #9c214b7d
 def train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distrinews-train", description="Fine-tune a news classifier on AG News (one process).")
     add_config_args(p)
