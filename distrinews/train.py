@@ -351,6 +351,7 @@ def train_parser() -> argparse.ArgumentParser:
 def run_training(cfg: RunConfig, resume: str = "auto", trainer_cls=Trainer, **kwargs):
     "Train `cfg` to the end (resume: 'auto' | 'yes' | 'no'), save the final checkpoint and return the trainer."
     if cfg.num_threads: torch.set_num_threads(cfg.num_threads)
+    pick_precision(cfg.precision, pick_device(kwargs["dist_info"].device if "dist_info" in kwargs else None))  # fail before any work
     checkpoint = find_checkpoint(Path(cfg.output_dir) / "checkpoint")
     if resume == "yes" and checkpoint is None:
         raise CheckpointError(f"--resume: no checkpoint in {cfg.output_dir}. Run without --resume to start a new run.")
