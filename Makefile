@@ -27,9 +27,12 @@ test: venv
 
 # README.md is rendered from nbs/index.ipynb (nbdev_readme needs Quarto, which this machine cannot install).
 # The index links notebooks as the docs site sees them (`01_model.ipynb`); on GitHub they live in nbs/.
+# The benchmark report (benchmarks/README.md, generated from JSON) is appended, so the README shows the latest figures.
 readme: venv
-	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --stdout --log-level WARN \
-	  | sed -E 's#\]\(([0-9][0-9]_[a-z_]+\.ipynb)#](nbs/\1#g' > README.md
+	{ $(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --stdout --log-level WARN \
+	    | sed -E 's#\]\(([0-9][0-9]_[a-z_]+\.ipynb)#](nbs/\1#g'; \
+	  [ ! -f benchmarks/README.md ] || tail -n +2 benchmarks/README.md \
+	    | sed -E 's/^## /### /; s#\]\(([a-z_]+\.png)\)#](benchmarks/\1)#g'; } > README.md
 
 # The course as a website (nbdev_docs renders with Quarto: install it from quarto.org first; `pip install quarto-cli`
 # works only where GitHub downloads are allowed)
