@@ -4,6 +4,10 @@ Each world size is a real torchrun job (gloo on CPU, nccl on GPUs) running our D
 per-rank batch (weak scaling: more workers, more samples per step). We time optimizer steps after a warm-up and report
 samples/s, speed-up over 1 rank and efficiency = speed-up / N.
 
+A control separates DDP's cost from the machine's: N independent single-process workers run at the same time, with no
+communication at all. Their summed throughput is the most N workers can get out of this machine (shared cores, memory
+bandwidth, turbo); `vs_control` = DDP throughput / control throughput is what DDP itself keeps of it.
+
     DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/ddp_scaling.py                 # 1 and 2 ranks, ~4 min
     .venv/bin/python benchmarks/ddp_scaling.py --world-sizes 1 2 --steps 3 --warmup 1 --out /tmp/s.json   # smoke
 """
@@ -22,8 +26,7 @@ def worker(a):
     from distrinews.train import make_trainer
     info = setup_distributed()
     try:
-        rows = a.batch_size * info.world_size * (a.warmup + a.steps)
-        cfg = get_config("cpu", model_name=a.model, train_size=rows, test_size=64, batch_size=a.batch_size,
+        cfg = get_config("cpu", model_name=a.model, train_size=a.rows, test_size=64, batch_size=a.batch_size,
                          precision=a.precision, epochs=1, output_dir=tempfile.mkdtemp(prefix="ddp-bench-"))
         trainer = make_trainer(cfg, DDPTrainer, dist_info=info, progress=False, log=lambda *x: None,
                                loader_kwargs=dict(num_replicas=info.world_size, rank=info.rank))
@@ -50,24 +53,47 @@ def main(argv=None):
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "ddp_scaling.json"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--rows", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--no-control", action="store_true", help="skip the independent-workers control")
     a = p.parse_args(argv)
     if a.worker: return worker(a)
     import torch
+    rows = a.batch_size * max(a.world_sizes) * (a.warmup + a.steps)   # one pool of rows for every world size
+    worker_args = ["--worker", "--model", a.model, "--batch-size", str(a.batch_size), "--precision", a.precision,
+                   "--steps", str(a.steps), "--warmup", str(a.warmup), "--rows", str(rows)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    tmp = Path(tempfile.mkdtemp(prefix="ddp-scaling-"))
+
+    def ddp_job(n):
+        out = tmp / f"ddp{n}.json"
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
+                        *worker_args, "--result", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
+        r = json.loads(out.read_text())
+        return dict(r, samples_per_s=r["samples"] / r["seconds"])
+
+    def control_job(n):
+        "n single-process workers at once, no communication: what n workers can get from this machine at all."
+        outs = [tmp / f"solo{n}-{i}.json" for i in range(n)]
+        procs = [subprocess.Popen([sys.executable, __file__, *worker_args, "--result", str(o)], env=env,
+                                  stdout=subprocess.DEVNULL) for o in outs]
+        if any(p.wait() for p in procs): raise RuntimeError("a control worker failed")
+        return sum(json.loads(o.read_text())["samples"] / json.loads(o.read_text())["seconds"] for o in outs)
+
     runs = []
     for n in a.world_sizes:
-        with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__, "--worker",
-                   "--result", f.name, "--model", a.model, "--batch-size", str(a.batch_size), "--precision", a.precision,
-                   "--steps", str(a.steps), "--warmup", str(a.warmup)]
-            subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)), stdout=subprocess.DEVNULL)
-            r = json.loads(Path(f.name).read_text())
-        r["samples_per_s"] = r["samples"] / r["seconds"]
+        r = ddp_job(n)
+        if n > 1 and not a.no_control: r["control_samples_per_s"] = round(control_job(n), 2)
         runs.append(r)
-        print(f"{n} rank(s) x {a.threads} thread(s): {r['samples_per_s']:7.1f} samples/s ({r['precision']})", flush=True)
+        print(f"{n} rank(s) x {a.threads} thread(s): {r['samples_per_s']:7.1f} samples/s ({r['precision']})"
+              + (f"; {n} independent workers, no communication: {r['control_samples_per_s']:7.1f}" if "control_samples_per_s" in r else ""),
+              flush=True)
     base = runs[0]["samples_per_s"] / runs[0]["world_size"]
     for r in runs:
         r["speedup"] = round(r["samples_per_s"] / base, 3)
         r["efficiency"] = round(r["speedup"] / r["world_size"], 3)
+        if "control_samples_per_s" in r:
+            r["control_speedup"] = round(r["control_samples_per_s"] / base, 3)
+            r["vs_control"] = round(r["samples_per_s"] / r["control_samples_per_s"], 3)
         r["samples_per_s"] = round(r["samples_per_s"], 2)
     result = dict(benchmark="ddp_scaling", model=a.model, batch_size_per_rank=a.batch_size, threads_per_rank=a.threads,
                   timed_steps=a.steps, runs=runs, backend="nccl" if torch.cuda.is_available() else "gloo",
@@ -77,7 +103,9 @@ def main(argv=None):
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     for r in runs[1:]:
-        print(f"{r['world_size']} ranks: speed-up {r['speedup']:.2f}x, efficiency {r['efficiency']:.0%}")
+        print(f"{r['world_size']} ranks: speed-up {r['speedup']:.2f}x, efficiency {r['efficiency']:.0%}"
+              + (f"; the machine's ceiling (control) {r['control_speedup']:.2f}x, DDP keeps {r['vs_control']:.0%} of it"
+                 if "vs_control" in r else ""))
     print(f"-> {a.out}")
     return result
 

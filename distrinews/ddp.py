@@ -79,7 +79,8 @@ class DDPTrainer(Trainer):
     def _prepare_model(self, model):
         if not self.dist_info.distributed: return model
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DDP(model, device_ids=ids)
+        # gradients live directly in DDP's communication buckets: one copy of every gradient less per step
+        return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
 
     def _sync_gradients(self, sync: bool):
         return contextlib.nullcontext() if sync or not self.dist_info.distributed else self.model.no_sync()

@@ -167,7 +167,8 @@ class Trainer:
         self.amp_dtype = AUTOCAST_DTYPES[self.precision]
         self.model = self._prepare_model(model.to(self.device))
         self.optimizer = make_optimizer(self.unwrapped, cfg.lr, cfg.weight_decay)
-        self.steps_per_epoch = math.ceil(len(train_dl.batch_sampler) / cfg.grad_accum)
+        self.batches_per_epoch = len(train_dl.batch_sampler)      # this process's micro-batches per epoch
+        self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.scheduler = make_scheduler(self.optimizer, self.total_steps, int(cfg.warmup_ratio * self.total_steps))
         # fp16 needs loss scaling; bf16 and fp32 do not (a disabled scaler is a no-op)
@@ -300,7 +301,7 @@ class Trainer:
         self.log(self.banner())
         while self.epoch < self.cfg.epochs:
             train_metrics = self._run_epoch(self.epoch, stop_at_step)
-            if stop_at_step is not None and self.step >= stop_at_step and self.batches_done < self.steps_per_epoch * self.cfg.grad_accum:
+            if stop_at_step is not None and self.step >= stop_at_step and self.batches_done < self.batches_per_epoch:
                 self._save_snapshot(); return self.history            # stopped mid-epoch on purpose (tests, time limits)
             metrics = dict(epoch=self.epoch + 1, step=self.step, **train_metrics, **self.evaluate())
             self.history.append(metrics)

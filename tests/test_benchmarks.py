@@ -30,7 +30,7 @@ def test_render_is_deterministic_and_reports_shortfalls(tmp_path):
               dict(world_size=2, samples_per_s=15.0, speedup=1.5, efficiency=0.75)])))
     a, b = report.render(results, tmp_path / "a"), report.render(results, tmp_path / "b")
     assert a == b and (tmp_path / "a" / "ddp_scaling.png").read_bytes() == (tmp_path / "b" / "ddp_scaling.png").read_bytes()
-    assert "| 2 | 15.0 | 1.50x | 75% |" in a
+    assert "| 2 | 15.0 | 1.50x | 75% | – | – |" in a
     assert "**short of the target**" in a                      # 75 % < 92 %: said, not hidden
 
 
