@@ -57,8 +57,18 @@ def setup_distributed(backend: str | None = None, timeout_s: float = 300) -> Dis
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
-                                **({"device_id": device} if backend == "nccl" else {}))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        extra = {"device_id": device} if backend == "nccl" else {}
+        if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torchrun's agent hosts the key-value store and keeps it across restarts, so the addresses a crashed
+            # attempt published are still there: a restarted rank could read a dead peer's address and fail to
+            # connect. A prefix per attempt keeps the attempts apart.
+            store = dist.PrefixStore(f"attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
+                                     dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
+                                                   is_master=False, timeout=timeout))
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **extra)
+        else:
+            dist.init_process_group(backend, timeout=timeout, **extra)
     return DistInfo(rank, local_rank, world_size, device, backend)
 
 def cleanup_distributed():
