@@ -26,7 +26,7 @@ def worker(a):
     from distrinews.train import make_trainer
     info = setup_distributed()
     try:
-        cfg = get_config("cpu", model_name=a.model, train_size=a.rows, test_size=64, batch_size=a.batch_size,
+        cfg = get_config("cpu", model_name=a.model, train_size=a.rows, test_size=64, batch_size=a.batch_size, grad_accum=a.grad_accum,
                          precision=a.precision, epochs=1, output_dir=tempfile.mkdtemp(prefix="ddp-bench-"))
         trainer = make_trainer(cfg, DDPTrainer, dist_info=info, progress=False, log=lambda *x: None,
                                loader_kwargs=dict(num_replicas=info.world_size, rank=info.rank))
@@ -47,6 +47,7 @@ def main(argv=None):
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (OMP_NUM_THREADS)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (one all-reduce per step)")
     p.add_argument("--precision", default="auto")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
@@ -58,8 +59,8 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.worker: return worker(a)
     import torch
-    rows = a.batch_size * max(a.world_sizes) * (a.warmup + a.steps)   # one pool of rows for every world size
-    worker_args = ["--worker", "--model", a.model, "--batch-size", str(a.batch_size), "--precision", a.precision,
+    rows = a.batch_size * a.grad_accum * max(a.world_sizes) * (a.warmup + a.steps)   # one pool of rows for every world size
+    worker_args = ["--worker", "--model", a.model, "--batch-size", str(a.batch_size), "--grad-accum", str(a.grad_accum), "--precision", a.precision,
                    "--steps", str(a.steps), "--warmup", str(a.warmup), "--rows", str(rows)]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     tmp = Path(tempfile.mkdtemp(prefix="ddp-scaling-"))
@@ -95,7 +96,7 @@ def main(argv=None):
             r["control_speedup"] = round(r["control_samples_per_s"] / base, 3)
             r["vs_control"] = round(r["samples_per_s"] / r["control_samples_per_s"], 3)
         r["samples_per_s"] = round(r["samples_per_s"], 2)
-    result = dict(benchmark="ddp_scaling", model=a.model, batch_size_per_rank=a.batch_size, threads_per_rank=a.threads,
+    result = dict(benchmark="ddp_scaling", model=a.model, batch_size_per_rank=a.batch_size, grad_accum=a.grad_accum, threads_per_rank=a.threads,
                   timed_steps=a.steps, runs=runs, backend="nccl" if torch.cuda.is_available() else "gloo",
                   machine=dict(cpu=platform.processor() or platform.machine(), cores=os.cpu_count(), torch=torch.__version__,
                                gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None),

@@ -16,6 +16,8 @@ NOTEBOOK = HERE.parent / "nbs" / "07_benchmarks.ipynb"
 # one executed notebook per row; measurements that compete for the CPU run in separate rows, one after the other
 MATRIX = {
     "training": dict(measure="trainer,ddp", world_sizes=[1, 2], threads_per_rank=1, steps=20, trainer_samples=1024),
+    # the same scaling run with 4 micro-batches per all-reduce (no_sync): what accumulation does to DDP's overhead
+    "ddp-accumulation": dict(measure="ddp", world_sizes=[1, 2], threads_per_rank=1, grad_accum=4, steps=8),
     "accuracy": dict(profile="cpu", measure="accuracy"),
     # serves runs/cpu/checkpoint (the main job's model) when it exists, else a demo model
     "serving": dict(measure="serving", serving_clients=[1, 8, 32], serving_requests=1024),
