@@ -18,8 +18,9 @@ git diff --exit-code --stat -- README.md || { echo "README.md differs from nbs/i
 
 step "2/4 nbdev_test: every notebook, profile=smoke"
 (cd nbs && ../$BIN/nbdev_test --n_workers 1 --timing)
-# 04_ddp writes the DDP script and its launcher with %%writefile: the committed copies must be what it writes
-git diff --exit-code --stat -- nbs/train_ddp.py nbs/run_ddp.sh || { echo "nbs/train_ddp.py or run_ddp.sh differ from 04_ddp.ipynb's %%writefile cells: commit what the notebook writes."; exit 1; }
+# 04_ddp writes the DDP script and its launcher (%%writefile), 06_deploy writes deployment/: the committed copies must be
+# exactly what the notebooks write
+git diff --exit-code --stat -- nbs/train_ddp.py nbs/run_ddp.sh deployment || { echo "nbs/train_ddp.py, nbs/run_ddp.sh or deployment/ differ from what 04_ddp / 06_deploy write: edit the notebooks and commit what they write."; exit 1; }
 
 step "3/4 papermill: every notebook with -p profile smoke"
 out=$(mktemp -d)
