@@ -2,16 +2,20 @@
 
 Each world size is a real torchrun job (gloo on CPU, nccl on GPUs) running our DDPTrainer on the same rows with the same
 per-rank batch (weak scaling: more workers, more samples per step). We time optimizer steps after a warm-up and report
-samples/s, speed-up over 1 rank and efficiency = speed-up / N.
+samples/s, speed-up over 1 rank and efficiency = speed-up / N. On CPUs each N > 1 runs twice, once per way of averaging
+gradients: DDP's all-reduce over gloo, and our shared-memory hook (notebook 04, `grad_sync`).
+
+Shared machines are noisy (the same job can vary by 10-20 % between runs), so the whole set of jobs runs `--repeats`
+times, interleaved, and each figure is the median of its repeats; every repeat is kept in the JSON.
 
 A control separates DDP's cost from the machine's: N independent single-process workers run at the same time, with no
 communication at all. Their summed throughput is the most N workers can get out of this machine (shared cores, memory
 bandwidth, turbo); `vs_control` = DDP throughput / control throughput is what DDP itself keeps of it.
 
     DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/ddp_scaling.py                 # 1 and 2 ranks, ~4 min
-    .venv/bin/python benchmarks/ddp_scaling.py --world-sizes 1 2 --steps 3 --warmup 1 --out /tmp/s.json   # smoke
+    .venv/bin/python benchmarks/ddp_scaling.py --world-sizes 1 2 --steps 3 --warmup 1 --repeats 1 --out /tmp/s.json   # smoke
 """
-import argparse, json, os, platform, subprocess, sys, tempfile
+import argparse, json, os, platform, statistics, subprocess, sys, tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,7 +31,8 @@ def worker(a):
     info = setup_distributed()
     try:
         cfg = get_config("cpu", model_name=a.model, train_size=a.rows, test_size=64, batch_size=a.batch_size, grad_accum=a.grad_accum,
-                         precision=a.precision, epochs=1, output_dir=tempfile.mkdtemp(prefix="ddp-bench-"))
+                         precision=a.precision, epochs=1, output_dir=tempfile.mkdtemp(prefix="ddp-bench-"),
+                         grad_sync=a.grad_sync[0])
         trainer = make_trainer(cfg, DDPTrainer, dist_info=info, progress=False, log=lambda *x: None,
                                loader_kwargs=dict(num_replicas=info.world_size, rank=info.rank))
         trainer._run_epoch(0, stop_at_step=a.warmup)                       # warm-up: allocator, kernels, DDP buckets
@@ -36,7 +41,8 @@ def worker(a):
         if info.distributed: torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)  # the slowest rank sets the pace
         if info.is_main:
             Path(a.result).write_text(json.dumps(dict(world_size=info.world_size, samples=timed["train_samples"],
-                                                      seconds=seconds.item(), precision=trainer.precision)))
+                                                      seconds=seconds.item(), precision=trainer.precision,
+                                                      grad_sync=trainer.grad_sync if info.distributed else "none")))
     finally:
         cleanup_distributed()
 
@@ -49,6 +55,9 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (one all-reduce per step)")
     p.add_argument("--precision", default="auto")
+    p.add_argument("--grad-sync", nargs="+", choices=["allreduce", "shm"],
+                   help="ways of averaging gradients to compare (default: both on CPUs, allreduce on GPUs)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of every job; figures are medians")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "ddp_scaling.json"))
@@ -59,52 +68,60 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.worker: return worker(a)
     import torch
+    a.grad_sync = a.grad_sync or (["allreduce"] if torch.cuda.is_available() else ["allreduce", "shm"])
     rows = a.batch_size * a.grad_accum * max(a.world_sizes) * (a.warmup + a.steps)   # one pool of rows for every world size
     worker_args = ["--worker", "--model", a.model, "--batch-size", str(a.batch_size), "--grad-accum", str(a.grad_accum), "--precision", a.precision,
                    "--steps", str(a.steps), "--warmup", str(a.warmup), "--rows", str(rows)]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     tmp = Path(tempfile.mkdtemp(prefix="ddp-scaling-"))
 
-    def ddp_job(n):
-        out = tmp / f"ddp{n}.json"
+    def ddp_job(n, sync):
+        out = tmp / f"ddp{n}-{sync}.json"
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
-                        *worker_args, "--result", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
+                        *worker_args, "--grad-sync", sync, "--result", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
         r = json.loads(out.read_text())
-        return dict(r, samples_per_s=r["samples"] / r["seconds"])
+        return r["samples"] / r["seconds"], r
 
     def control_job(n):
         "n single-process workers at once, no communication: what n workers can get from this machine at all."
         outs = [tmp / f"solo{n}-{i}.json" for i in range(n)]
-        procs = [subprocess.Popen([sys.executable, __file__, *worker_args, "--result", str(o)], env=env,
+        procs = [subprocess.Popen([sys.executable, __file__, *worker_args, "--grad-sync", "allreduce", "--result", str(o)], env=env,
                                   stdout=subprocess.DEVNULL) for o in outs]
         if any(p.wait() for p in procs): raise RuntimeError("a control worker failed")
         return sum(json.loads(o.read_text())["samples"] / json.loads(o.read_text())["seconds"] for o in outs)
 
-    runs = []
-    for n in a.world_sizes:
-        r = ddp_job(n)
-        if n > 1 and not a.no_control: r["control_samples_per_s"] = round(control_job(n), 2)
-        runs.append(r)
-        print(f"{n} rank(s) x {a.threads} thread(s): {r['samples_per_s']:7.1f} samples/s ({r['precision']})"
-              + (f"; {n} independent workers, no communication: {r['control_samples_per_s']:7.1f}" if "control_samples_per_s" in r else ""),
-              flush=True)
-    base = runs[0]["samples_per_s"] / runs[0]["world_size"]
+    # one row per (world size, way of averaging); each collects one throughput per repeat
+    runs = [dict(world_size=n, grad_sync="none" if n == 1 else sync, repeats=[])
+            for n in a.world_sizes for sync in (a.grad_sync if n > 1 else ["none"])]
+    controls = {n: [] for n in a.world_sizes if n > 1 and not a.no_control}
+    for repeat in range(a.repeats):
+        for row in runs:
+            samples_per_s, job = ddp_job(row["world_size"], a.grad_sync[0] if row["world_size"] == 1 else row["grad_sync"])
+            row["repeats"].append(round(samples_per_s, 2)); precision = job["precision"]
+            print(f"[{repeat + 1}/{a.repeats}] {row['world_size']} rank(s), {row['grad_sync']}: {row['repeats'][-1]:7.1f} samples/s", flush=True)
+        for n, values in controls.items():
+            values.append(round(control_job(n), 2))
+            print(f"[{repeat + 1}/{a.repeats}] {n} independent workers, no communication: {values[-1]:7.1f} samples/s", flush=True)
+    base = statistics.median(runs[0]["repeats"]) / runs[0]["world_size"]
     for r in runs:
+        r["samples_per_s"] = round(statistics.median(r["repeats"]), 2)
         r["speedup"] = round(r["samples_per_s"] / base, 3)
         r["efficiency"] = round(r["speedup"] / r["world_size"], 3)
-        if "control_samples_per_s" in r:
+        if r["world_size"] in controls:
+            r["control_samples_per_s"] = round(statistics.median(controls[r["world_size"]]), 2)
+            r["control_repeats"] = controls[r["world_size"]]
             r["control_speedup"] = round(r["control_samples_per_s"] / base, 3)
             r["vs_control"] = round(r["samples_per_s"] / r["control_samples_per_s"], 3)
-        r["samples_per_s"] = round(r["samples_per_s"], 2)
     result = dict(benchmark="ddp_scaling", model=a.model, batch_size_per_rank=a.batch_size, grad_accum=a.grad_accum, threads_per_rank=a.threads,
-                  timed_steps=a.steps, runs=runs, backend="nccl" if torch.cuda.is_available() else "gloo",
+                  timed_steps=a.steps, repeats=a.repeats, precision=precision,
+                  runs=runs, backend="nccl" if torch.cuda.is_available() else "gloo",
                   machine=dict(cpu=platform.processor() or platform.machine(), cores=os.cpu_count(), torch=torch.__version__,
                                gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None),
                   date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     for r in runs[1:]:
-        print(f"{r['world_size']} ranks: speed-up {r['speedup']:.2f}x, efficiency {r['efficiency']:.0%}"
+        print(f"{r['world_size']} ranks ({r['grad_sync']}): speed-up {r['speedup']:.2f}x, efficiency {r['efficiency']:.0%}"
               + (f"; the machine's ceiling (control) {r['control_speedup']:.2f}x, DDP keeps {r['vs_control']:.0%} of it"
                  if "vs_control" in r else ""))
     print(f"-> {a.out}")

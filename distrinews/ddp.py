@@ -7,19 +7,25 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import mmap
 import os
 import signal
+import tempfile
+from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .train import Trainer, pick_device, run_training
 
 # %% auto #0
 __all__ = ['DistInfo', 'setup_distributed', 'cleanup_distributed', 'is_main_process', 'DDPTrainer', 'parameter_fingerprint',
-           'replicas_in_sync', 'per_rank_batch_size', 'train_distributed']
+           'replicas_in_sync', 'SharedMemoryGradients', 'shared_memory_hook', 'pick_grad_sync', 'compare_grad_sync',
+           'per_rank_batch_size', 'train_distributed']
 
 # %% ../nbs/04_ddp.ipynb #b77a653c
 @dataclass
@@ -30,6 +36,7 @@ class DistInfo:
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     backend: str | None = None
+    local_world_size: int = 1       # processes on this machine (torchrun's LOCAL_WORLD_SIZE)
     @property
     def is_main(self) -> bool: return self.rank == 0
     @property
@@ -69,7 +76,7 @@ def setup_distributed(backend: str | None = None, timeout_s: float = 300) -> Dis
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **extra)
         else:
             dist.init_process_group(backend, timeout=timeout, **extra)
-    return DistInfo(rank, local_rank, world_size, device, backend)
+    return DistInfo(rank, local_rank, world_size, device, backend, int(env.get("LOCAL_WORLD_SIZE", 1)))
 
 def cleanup_distributed():
     "Leave the process group (call it in a `finally`, so a failing rank frees its peers and GPU memory)."
@@ -86,11 +93,20 @@ class DDPTrainer(Trainer):
         self.dist_info = dist_info
         super().__init__(*args, device=dist_info.device, **kwargs)
 
+    grad_sync = "none"   # how gradients are averaged: "allreduce" (the backend) or "shm" (shared memory, see below)
+
     def _prepare_model(self, model):
         if not self.dist_info.distributed: return model
         ids = [self.device.index] if self.device.type == "cuda" else None
         # gradients live directly in DDP's communication buckets: one copy of every gradient less per step
-        return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+        ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+        self.grad_sync = pick_grad_sync(self.cfg.grad_sync, self.dist_info)
+        if self.grad_sync == "shm": ddp.register_comm_hook(SharedMemoryGradients(model), shared_memory_hook)
+        return ddp
+
+    def banner(self) -> str:
+        how = {"shm": "shared memory", "allreduce": f"all-reduce over {self.dist_info.backend}"}.get(self.grad_sync)
+        return super().banner() + (f" | gradients averaged by {how}" if how else "")
 
     def _sync_gradients(self, sync: bool):
         return contextlib.nullcontext() if sync or not self.dist_info.distributed else self.model.no_sync()
@@ -133,6 +149,138 @@ def replicas_in_sync(model, device=None) -> bool:
     everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     return all(torch.equal(everyone[0], other) for other in everyone[1:])
+
+# %% ../nbs/04_ddp.ipynb #5e3a0c02
+class SharedMemoryGradients:
+    "State of a DDP communication hook that averages gradients through shared memory, for ranks on one machine."
+    def __init__(self, model: nn.Module, group=None, directory: str = "/dev/shm"):
+        self.group = group or dist.group.WORLD
+        self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        # one slot holds the largest possible bucket: every trainable parameter (DDP's first step uses one bucket)
+        self.capacity = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        # embeddings whose gradient is sparse; a weight shared with another module (tied embeddings) is dense
+        users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+        embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad
+                      and not m.sparse and users[id(m.weight)] == 1]
+        self.ids_seen = {id(m.weight): [] for m in embeddings}   # token ids since the last synchronisation
+        for m in embeddings: m.register_forward_pre_hook(partial(self._remember_ids, id(m.weight)))
+        row_capacity = sum(m.weight.shape[0] + 1 for m in embeddings) or 1
+        self._map = self._shared_file(2 * self.world_size * (4 * self.capacity + 8 * row_capacity), directory)
+        floats = 2 * self.world_size * self.capacity
+        self.values = torch.frombuffer(self._map, dtype=torch.float32, count=floats).view(2, self.world_size, -1)
+        self.row_ids = torch.frombuffer(self._map, dtype=torch.int64, offset=4 * floats).view(2, self.world_size, -1)
+        self.calls, self.numbers_sent, self.numbers_total = 0, 0, 0
+
+    def _shared_file(self, nbytes: int, directory: str) -> mmap.mmap:
+        "Map one file that every rank of the group shares; it is deleted (and kept alive by the mappings) at once."
+        path = [None]
+        if self.rank == 0:
+            fd, path[0] = tempfile.mkstemp(dir=directory, prefix="distrinews-gradients-"); os.close(fd)
+        dist.broadcast_object_list(path, src=dist.get_global_rank(self.group, 0), group=self.group)
+        fd = os.open(path[0], os.O_RDWR)
+        try:
+            dist.barrier(self.group)                       # everyone has it open...
+            if self.rank == 0: os.unlink(path[0])          # ...so it can go: the memory is freed when the last rank exits
+            try: os.posix_fallocate(fd, 0, nbytes)         # reserve the memory now, or fail now
+            except OSError as e:
+                raise RuntimeError(f"Cannot reserve {nbytes / 2**20:.0f} MB in {directory} for gradient averaging ({e}). "
+                                   "Free space there (or enlarge it: docker run --shm-size=2g), "
+                                   "or train with --grad-sync allreduce.") from None
+            return mmap.mmap(fd, nbytes)
+        finally: os.close(fd)
+
+    def _remember_ids(self, key, module, args):
+        if torch.is_grad_enabled(): self.ids_seen[key].append(args[0].detach().flatten())
+
+    def _split(self, bucket, flat):
+        "The bucket as dense (start, end) ranges and sparse (start, gradient rows, used row ids) parts."
+        dense, sparse, start = [], [], 0
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            if id(p) not in self.ids_seen: continue
+            at = (g.data_ptr() - flat.data_ptr()) // flat.element_size()
+            if not (0 <= at and at + g.numel() <= flat.numel()):
+                raise RuntimeError("DDP gave the hook a gradient that is not a view of its bucket; use grad_sync='allreduce'.")
+            seen = self.ids_seen[id(p)]
+            # without recorded ids (no forward went through the hook), find the non-zero rows
+            used = torch.cat(seen).unique() if seen else g.view(g.shape[0], -1).ne(0).any(1).nonzero().flatten()
+            seen.clear()
+            if at > start: dense.append((start, at))
+            sparse.append((at, g.view(g.shape[0], -1), used)); start = at + g.numel()
+        if start < flat.numel(): dense.append((start, flat.numel()))
+        return dense, sparse
+
+    def average(self, bucket) -> torch.Tensor:
+        "Average `bucket` over all ranks, in place."
+        flat, n, me = bucket.buffer(), self.world_size, self.rank
+        if flat.numel() > self.capacity or flat.dtype != torch.float32:
+            raise RuntimeError(f"gradient bucket of {flat.numel():,} {flat.dtype} values does not fit the shared slots "
+                               f"({self.capacity:,} float32): was the model changed after the hook was made?")
+        half = self.calls % 2; self.calls += 1     # alternate halves: a fast rank never overwrites what a slow one reads
+        values, row_ids = self.values[half], self.row_ids[half]
+        dense, sparse = self._split(bucket, flat)
+        for a, b in dense: torch.div(flat[a:b], n, out=values[me, a:b])            # 1. my share, divided by n
+        at = 0
+        for a, rows, used in sparse:
+            k, width = len(used), rows.shape[1]
+            row_ids[me, at] = k; row_ids[me, at + 1:at + 1 + k] = used
+            torch.div(rows.index_select(0, used), n, out=values[me, a:a + k * width].view(k, width))
+            at += 1 + rows.shape[0]
+            self.numbers_sent += k * width
+        self.numbers_sent += sum(b - a for a, b in dense); self.numbers_total += flat.numel()
+        dist.barrier(self.group)                                                     # 2. every share is written
+        for a, b in dense:                                                           # 3. add them up in rank order
+            torch.add(values[0, a:b], values[1, a:b], out=flat[a:b])
+            for r in range(2, n): flat[a:b].add_(values[r, a:b])
+        at = 0
+        for a, rows, used in sparse:
+            width = rows.shape[1]
+            rows.index_fill_(0, used, 0)
+            for r in range(n):
+                k = int(row_ids[r, at])
+                rows.index_add_(0, row_ids[r, at + 1:at + 1 + k], values[r, a:a + k * width].view(k, width))
+            at += 1 + rows.shape[0]
+        return flat
+
+def shared_memory_hook(state, bucket):   # no annotations: DDP checks them, and this module's are strings
+    "DDP communication hook: `ddp.register_comm_hook(SharedMemoryGradients(model), shared_memory_hook)`."
+    future = torch.futures.Future()
+    future.set_result(state.average(bucket))
+    return future
+
+def pick_grad_sync(choice: str, info: DistInfo) -> str:
+    "How this job averages gradients: 'shm' for CPU ranks that all run on this machine (with `choice='auto'`), else 'allreduce'."
+    possible = info.device.type == "cpu" and info.local_world_size == info.world_size and os.path.isdir("/dev/shm")
+    if choice == "auto": return "shm" if possible and info.distributed else "allreduce"
+    if choice == "shm" and not possible:
+        raise ValueError("grad_sync='shm' needs CPU ranks that all run on this machine (one torchrun, no GPUs) and "
+                         "/dev/shm; use grad_sync='allreduce' or 'auto'.")
+    return choice
+
+# %% ../nbs/04_ddp.ipynb #5e3a0c04
+def compare_grad_sync(rank: int, world_size: int, steps: int = 3, accumulation: int = 2) -> dict:
+    "On every rank: DDP's all-reduce vs `SharedMemoryGradients` on the same small embedding model and batches."
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Embedding(1000, 16), nn.Flatten(), nn.Linear(16 * 6, 32), nn.ReLU(), nn.Linear(32, 4))
+    reference, ours = DDP(model(), bucket_cap_mb=0.002), DDP(model(), bucket_cap_mb=0.002)
+    state = SharedMemoryGradients(ours.module)
+    ours.register_comm_hook(state, shared_memory_hook)
+    g = torch.Generator().manual_seed(rank)                    # different data on every rank
+    worst, identical = 0.0, []
+    for _ in range(steps):
+        calls_before = state.calls
+        for micro in range(accumulation):
+            x, y = torch.randint(0, 1000, (4, 6), generator=g), torch.randint(0, 4, (4,), generator=g)
+            for m in (reference, ours):
+                with m.no_sync() if micro < accumulation - 1 else contextlib.nullcontext():
+                    nn.functional.cross_entropy(m(x), y).backward()
+        pairs = [(p.grad, q.grad) for p, q in zip(reference.parameters(), ours.parameters())]
+        identical.append(all(torch.equal(a, b) for a, b in pairs))
+        worst = max([worst] + [(a - b).abs().max().item() for a, b in pairs])
+        for m in (reference, ours): m.zero_grad(set_to_none=True)
+    return dict(identical=identical, max_difference=worst, buckets_last_step=state.calls - calls_before,
+                fingerprint=parameter_fingerprint(ours.module).tolist(),
+                sent=f"{state.numbers_sent:,} of {state.numbers_total:,} numbers")
 
 # %% ../nbs/04_ddp.ipynb #024be7ce
 def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int = 1) -> int:

@@ -54,9 +54,11 @@ class RunConfig:
     group_by_length: bool = True        # length-grouped batches: far less padding
     dropout: float | None = None        # override every dropout probability of the model (0.0 for exactness tests)
     num_threads: int | None = None      # torch CPU threads per process (None: torch's default)
+    grad_sync: str = "auto"             # DDP gradient averaging: auto | shm (shared memory, one machine) | allreduce (the backend)
 
     def __post_init__(self):
-        checks = {"precision": ("auto", "fp32", "bf16", "fp16"), "data_source": ("auto", "local", "hub")}
+        checks = {"precision": ("auto", "fp32", "bf16", "fp16"), "data_source": ("auto", "local", "hub"),
+                  "grad_sync": ("auto", "shm", "allreduce")}
         for name, allowed in checks.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} is not one of {allowed}.")

@@ -26,12 +26,15 @@ def test_render_is_deterministic_and_reports_shortfalls(tmp_path):
     (results / "ddp_scaling.json").write_text(json.dumps(dict(
         model="m", batch_size_per_rank=8, threads_per_rank=1, timed_steps=2, backend="gloo",
         machine=dict(cpu="x86_64", cores=2, torch="t", gpu=None),
-        runs=[dict(world_size=1, samples_per_s=10.0, speedup=1.0, efficiency=1.0),
-              dict(world_size=2, samples_per_s=15.0, speedup=1.5, efficiency=0.75)])))
+        runs=[dict(world_size=1, grad_sync="none", samples_per_s=10.0, speedup=1.0, efficiency=1.0),
+              dict(world_size=2, grad_sync="allreduce", samples_per_s=15.0, speedup=1.5, efficiency=0.75),
+              dict(world_size=2, grad_sync="shm", samples_per_s=17.0, speedup=1.7, efficiency=0.85)])))
     a, b = report.render(results, tmp_path / "a"), report.render(results, tmp_path / "b")
     assert a == b and (tmp_path / "a" / "ddp_scaling.png").read_bytes() == (tmp_path / "b" / "ddp_scaling.png").read_bytes()
-    assert "| 2 | 15.0 | 1.50x | 75% | – | – |" in a
-    assert "**short of the target**" in a                      # 75 % < 92 %: said, not hidden
+    assert "| 2 | all-reduce (backend) | 15.0 | 1.50x | 75% | – | – |" in a
+    assert "| 2 | shared memory (our hook) | 17.0 | 1.70x | 85% | – | – |" in a
+    assert "best way of averaging (shared memory (our hook)): efficiency 85.0%" in a   # the verdict uses the best row
+    assert "**short of the target**" in a                      # 85 % < 92 %: said, not hidden
 
 
 def test_smoke_driver_runs_the_notebook_with_papermill(tmp_path):
