@@ -272,6 +272,7 @@ class MicroBatcher:
         self._queued = 0                                  # items waiting (not yet running)
         self._cond = threading.Condition()
         self._stopping, self._thread = False, None
+        self._last_batch = max_batch_size                 # texts in the last batch: how many to wait for next time
         self.stats = dict(batches=0, items=0, largest_batch=0, rejected=0)
 
     @property
@@ -297,8 +298,10 @@ class MicroBatcher:
             while not self._queue:
                 if self._stopping: return None
                 self._cond.wait()
-            deadline = time.monotonic() + self.max_wait
-            while self._queued < self.max_batch_size and not self._stopping:
+            # wait for the batch to fill, but only for as many texts as the last batch had: as many clients are
+            # probably waiting again. One client never waits; 32 clients fill a batch of 32.
+            deadline, expected = time.monotonic() + self.max_wait, min(self.max_batch_size, self._last_batch)
+            while self._queued < expected and not self._stopping:
                 left = deadline - time.monotonic()
                 if left <= 0: break
                 self._cond.wait(left)
@@ -306,6 +309,7 @@ class MicroBatcher:
             while self._queue and (not jobs or n + len(self._queue[0].items) <= self.max_batch_size):
                 job = self._queue.popleft(); self._queued -= len(job.items)
                 if job.future.set_running_or_notify_cancel(): jobs.append(job); n += len(job.items)
+            self._last_batch = max(1, n)
             return jobs
 
     def _run(self):
