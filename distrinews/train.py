@@ -69,10 +69,10 @@ def training_attention(device: str | torch.device) -> str:
 
 def use_training_attention(model, device: str | torch.device) -> str:
     "Switch a Hugging Face `model` to `training_attention(device)` in place; returns the implementation it now uses."
-    wanted = training_attention(device)
-    if getattr(model.config, "_attn_implementation", wanted) != wanted and hasattr(model, "set_attn_implementation"):
+    wanted, config = training_attention(device), getattr(model, "config", None)   # plain nn.Modules have no config
+    if getattr(config, "_attn_implementation", wanted) != wanted and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(wanted)
-    return model.config._attn_implementation
+    return getattr(config, "_attn_implementation", "the model's own")
 
 # %% ../nbs/03_single_gpu.ipynb #fc8c4037
 def seed_everything(seed: int):
