@@ -1,9 +1,17 @@
 """DDP scaling on this machine: throughput of N ranks x T threads vs 1 rank x T threads, same model and data, one run.
 
-Each world size is a real torchrun job (gloo on CPU, nccl on GPUs) running our DDPTrainer on the same rows with the same
-per-rank batch (weak scaling: more workers, more samples per step). We time optimizer steps after a warm-up and report
-samples/s, speed-up over 1 rank and efficiency = speed-up / N. On CPUs each N > 1 runs twice, once per way of averaging
-gradients: DDP's all-reduce over gloo, and our shared-memory hook (notebook 04, `grad_sync`).
+Each world size is a real torchrun job (gloo on CPU, nccl on GPUs) running our DDPTrainer with the same per-rank batch
+(weak scaling: more workers, more samples per step) on the same pool of rows: `--steps` optimizer steps of the largest
+world size, so 1 rank takes N times as many steps over the very same batches. Every job first makes one untimed pass
+over the pool, then times a second pass; we report samples/s, speed-up over 1 rank and efficiency = speed-up / N.
+On CPUs each N > 1 runs twice, once per way of averaging gradients: DDP's all-reduce over gloo, and our shared-memory
+hook (notebook 04, `grad_sync`).
+
+Why whole passes: batches are padded to their longest item, so their cost varies a lot, and oneDNN (PyTorch's CPU
+kernels) compiles a kernel the first time it meets a shape. Timing "20 steps after 3" gave the 1-rank and the 2-rank job
+different mixes of batches and charged them for a different number of first-time compilations: up to 10 % either way.
+A full warm-up pass compiles every shape once (as a real run's first epoch does); the timed pass is the same rows for
+every job. The pool (default 1,280 rows) fits in one length-grouping window, so the batches themselves are identical.
 
 Shared machines are noisy (the same job can vary by 10-20 % between runs), so the whole set of jobs runs `--repeats`
 times, interleaved, and each figure is the median of its repeats; every repeat is kept in the JSON.
@@ -12,10 +20,10 @@ A control separates DDP's cost from the machine's: N independent single-process 
 communication at all. Their summed throughput is the most N workers can get out of this machine (shared cores, memory
 bandwidth, turbo); `vs_control` = DDP throughput / control throughput is what DDP itself keeps of it.
 
-    DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/ddp_scaling.py                 # 1 and 2 ranks, ~4 min
-    .venv/bin/python benchmarks/ddp_scaling.py --world-sizes 1 2 --steps 3 --warmup 1 --repeats 1 --out /tmp/s.json   # smoke
+    DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/ddp_scaling.py                 # 1 and 2 ranks, ~9 min
+    .venv/bin/python benchmarks/ddp_scaling.py --world-sizes 1 2 --steps 2 --batch-size 8 --repeats 1 --out /tmp/s.json   # smoke
 """
-import argparse, json, os, platform, statistics, subprocess, sys, tempfile
+import argparse, json, math, os, platform, statistics, subprocess, sys, tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,8 +43,9 @@ def worker(a):
                          grad_sync=a.grad_sync[0])
         trainer = make_trainer(cfg, DDPTrainer, dist_info=info, progress=False, log=lambda *x: None,
                                loader_kwargs=dict(num_replicas=info.world_size, rank=info.rank))
-        trainer._run_epoch(0, stop_at_step=a.warmup)                       # warm-up: allocator, kernels, DDP buckets
-        timed = trainer._run_epoch(0, stop_at_step=a.warmup + a.steps)     # the rest of the same epoch, timed
+        for epoch in range(a.warmup):                  # untimed passes: every batch shape's kernels, allocator, DDP buckets
+            trainer._run_epoch(epoch); trainer.batches_done = 0
+        timed = trainer._run_epoch(a.warmup)           # one more pass over the same rows (same batches, new order), timed
         seconds = torch.tensor([timed["train_seconds"]], dtype=torch.float64)
         if info.distributed: torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)  # the slowest rank sets the pace
         if info.is_main:
@@ -58,8 +67,8 @@ def main(argv=None):
     p.add_argument("--grad-sync", nargs="+", choices=["allreduce", "shm"],
                    help="ways of averaging gradients to compare (default: both on CPUs, allreduce on GPUs)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of every job; figures are medians")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps of the largest world size (sets the pool of rows)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes over the pool before the timed one")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "ddp_scaling.json"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -69,7 +78,8 @@ def main(argv=None):
     if a.worker: return worker(a)
     import torch
     a.grad_sync = a.grad_sync or (["allreduce"] if torch.cuda.is_available() else ["allreduce", "shm"])
-    rows = a.batch_size * a.grad_accum * max(a.world_sizes) * (a.warmup + a.steps)   # one pool of rows for every world size
+    # one pool of rows for every world size, divisible among all of them (no sampler top-up, no partial accumulation)
+    rows = a.batch_size * a.grad_accum * math.lcm(*a.world_sizes) * a.steps
     worker_args = ["--worker", "--model", a.model, "--batch-size", str(a.batch_size), "--grad-accum", str(a.grad_accum), "--precision", a.precision,
                    "--steps", str(a.steps), "--warmup", str(a.warmup), "--rows", str(rows)]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
@@ -113,7 +123,7 @@ def main(argv=None):
             r["control_speedup"] = round(r["control_samples_per_s"] / base, 3)
             r["vs_control"] = round(r["samples_per_s"] / r["control_samples_per_s"], 3)
     result = dict(benchmark="ddp_scaling", model=a.model, batch_size_per_rank=a.batch_size, grad_accum=a.grad_accum, threads_per_rank=a.threads,
-                  timed_steps=a.steps, repeats=a.repeats, precision=precision,
+                  timed_steps=a.steps, rows=rows, warmup_passes=a.warmup, repeats=a.repeats, precision=precision,
                   runs=runs, backend="nccl" if torch.cuda.is_available() else "gloo",
                   machine=dict(cpu=platform.processor() or platform.machine(), cores=os.cpu_count(), torch=torch.__version__,
                                gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None),

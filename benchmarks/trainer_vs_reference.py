@@ -5,8 +5,15 @@ tokenization time, draws random batches and trains in fp32. Ours pads each batch
 similar length into batches, and uses bf16 autocast where the hardware has it. Both take the same optimizer steps on the
 same rows with the same model and batch size; we time only the steps (after warm-up), and report samples/s and the ratio.
 
+Warm-up matters here. oneDNN, PyTorch's CPU kernel library, compiles a kernel the first time it meets a new tensor
+shape. The reference loop has one shape (every batch is 32 x 128), compiled during its warm-up steps; ours has one shape
+per batch length, so its warm-up is one full pass over the rows. Timing a few steps after a short warm-up would charge
+our trainer for compiling kernels that a real run compiles once, in its first epoch, and reuses in every later one.
+By default each side times one full pass over the same rows (`--steps` = rows / batch size), so neither side gets a
+luckier mix of short or long items.
+
     DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/trainer_vs_reference.py            # ~3 min on 2 cores
-    .venv/bin/python benchmarks/trainer_vs_reference.py --steps 4 --samples 128 --out /tmp/smoke.json        # smoke
+    .venv/bin/python benchmarks/trainer_vs_reference.py --samples 128 --batch-size 8 --out /tmp/smoke.json    # smoke
 """
 import argparse, json, os, platform, sys, time
 from datetime import datetime, timezone
@@ -45,9 +52,9 @@ def our_trainer(model_name, n_samples, batch_size, steps, warmup, precision="aut
     cfg = get_config("cpu", model_name=model_name, train_size=n_samples, test_size=64, batch_size=batch_size,
                      precision=precision, seed=seed, epochs=1, output_dir="/tmp/distrinews-bench-trainer")
     trainer = make_trainer(cfg, progress=False, log=lambda *a: None)
-    trainer._run_epoch(0, stop_at_step=warmup)                    # warm-up steps (allocator, kernels), not timed
-    trainer.batches_done = 0                                        # a new pass over the same rows, timed
-    return trainer._run_epoch(1, stop_at_step=warmup + steps)["train_samples_per_s"], trainer.precision
+    trainer._run_epoch(0)                          # warm-up: one pass, so every batch shape has met the kernels once
+    trainer.batches_done = 0                       # a new pass over the same rows (same batches, new order), timed
+    return trainer._run_epoch(1, stop_at_step=trainer.step + steps)["train_samples_per_s"], trainer.precision
 
 
 def main(argv=None):
@@ -55,13 +62,14 @@ def main(argv=None):
     p.add_argument("--model", default=OFFLINE_ENCODER)
     p.add_argument("--samples", type=int, default=1024, help="rows of the local train split to use (stratified)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=24, help="timed optimizer steps for each side")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, help="timed optimizer steps for each side (default: one pass over --samples)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps of the reference loop (ours warms up for one pass)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "trainer_vs_reference.json"))
     a = p.parse_args(argv)
-    if a.samples < a.batch_size * (a.steps + a.warmup):
-        p.error(f"--samples must cover warm-up + timed steps: at least {a.batch_size * (a.steps + a.warmup)}")
+    a.steps = a.steps or a.samples // a.batch_size
+    if a.samples < a.batch_size * a.steps:
+        p.error(f"--samples must cover the timed steps: at least {a.batch_size * a.steps}")
     torch.set_num_threads(a.threads)
     rows = stratified_subset(load_agnews("train"), a.samples, seed=0)
     ref = reference_loop(a.model, list(rows["text"]), list(rows["label"]), a.batch_size, a.steps, a.warmup)
