@@ -9,7 +9,8 @@ hook (notebook 04, `grad_sync`).
 
 Why whole passes: batches are padded to their longest item, so their cost varies a lot, and oneDNN (PyTorch's CPU
 kernels) compiles a kernel the first time it meets a shape. Timing "20 steps after 3" gave the 1-rank and the 2-rank job
-different mixes of batches and charged them for a different number of first-time compilations: up to 10 % either way.
+different mixes of batches (the 1-rank job's had 6 % fewer tokens per item) and left most first-time compilations
+inside the timed steps: that method reported 1.41x for the same code that measures 1.87x this way (notebook 04).
 A full warm-up pass compiles every shape once (as a real run's first epoch does); the timed pass is the same rows for
 every job. The pool (default 1,280 rows) fits in one length-grouping window, so the batches themselves are identical.
 
