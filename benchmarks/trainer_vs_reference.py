@@ -47,7 +47,7 @@ def reference_loop(model_name, texts, labels, batch_size, steps, warmup, lr=2e-5
     return samples / (time.perf_counter() - started)
 
 
-def our_trainer(model_name, n_samples, batch_size, steps, warmup, precision="auto", seed=0):
+def our_trainer(model_name, n_samples, batch_size, steps, precision="auto", seed=0):
     "Our `Trainer` on the same rows (a stratified subset of the train split): samples/s over `steps` optimizer steps."
     cfg = get_config("cpu", model_name=model_name, train_size=n_samples, test_size=64, batch_size=batch_size,
                      precision=precision, seed=seed, epochs=1, output_dir="/tmp/distrinews-bench-trainer")
@@ -73,7 +73,7 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     rows = stratified_subset(load_agnews("train"), a.samples, seed=0)
     ref = reference_loop(a.model, list(rows["text"]), list(rows["label"]), a.batch_size, a.steps, a.warmup)
-    ours, precision = our_trainer(a.model, a.samples, a.batch_size, a.steps, a.warmup)
+    ours, precision = our_trainer(a.model, a.samples, a.batch_size, a.steps)
     result = dict(benchmark="trainer_vs_reference", model=a.model, samples=a.samples, batch_size=a.batch_size,
                   timed_steps=a.steps, threads=a.threads, reference_samples_per_s=round(ref, 2),
                   ours_samples_per_s=round(ours, 2), ours_precision=precision, speedup=round(ours / ref, 2),
