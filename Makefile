@@ -13,7 +13,7 @@ $(VENV)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch 2.13.0 first: an unpinned torch would pull several GB of CUDA packages on a CPU machine
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,scale]"
 	touch $@
 
 PROFILE ?= cpu

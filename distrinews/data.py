@@ -19,9 +19,9 @@ import torch
 from .model import LABELS
 
 # %% auto #0
-__all__ = ['clean_text', 'DataFolderError', 'find_data_dir', 'read_agnews_csv', 'load_agnews', 'stratified_subset',
-           'default_cache_dir', 'tokenize_dataset', 'make_collator', 'LengthGroupedBatchSampler', 'padding_fraction',
-           'load_splits', 'build_dataloaders']
+__all__ = ['clean_text', 'DataFolderError', 'find_data_dir', 'read_agnews_csv', 'load_agnews', 'stratified_indices',
+           'stratified_subset', 'default_cache_dir', 'tokenize_dataset', 'make_collator', 'LengthGroupedBatchSampler',
+           'padding_fraction', 'load_splits', 'loader_options', 'build_dataloaders']
 
 # %% ../nbs/02_dataset.ipynb #a8c178b8
 def clean_text(text: str) -> str:
@@ -96,22 +96,26 @@ def load_agnews(split: str = "train", data_dir: str | os.PathLike | None = None,
     return ds.map(lambda b: {"text": [clean_text(t) for t in b["text"]]}, batched=True)
 
 # %% ../nbs/02_dataset.ipynb #6ba1405c
-def stratified_subset(ds, n: int | None, seed: int = 0):
-    "`n` rows of `ds` with the class proportions of `ds`, chosen reproducibly by `seed` (all of `ds` if `n` is None or too big)."
-    if n is None or n >= len(ds): return ds
+def stratified_indices(labels, n: int, seed: int = 0) -> list[int]:
+    "Sorted positions of `n` items with the class proportions of `labels`, chosen reproducibly by `seed`."
     if n < 1: raise ValueError(f"subset size must be >= 1, got {n}.")
-    labels = torch.tensor(ds["label"])
+    labels = torch.as_tensor(labels)
     g = torch.Generator().manual_seed(seed)
     classes = labels.unique().tolist()
     counts = {c: int((labels == c).sum()) for c in classes}
-    quota = {c: n * counts[c] / len(ds) for c in classes}
+    quota = {c: n * counts[c] / len(labels) for c in classes}
     take = {c: int(q) for c, q in quota.items()}
     for c in sorted(classes, key=lambda c: quota[c] - take[c], reverse=True)[: n - sum(take.values())]: take[c] += 1
     picked = []
     for c in classes:
         members = (labels == c).nonzero().flatten()
         picked += members[torch.randperm(len(members), generator=g)[: take[c]]].tolist()
-    return ds.select(sorted(picked))
+    return sorted(picked)
+
+def stratified_subset(ds, n: int | None, seed: int = 0):
+    "`n` rows of `ds` with the class proportions of `ds`, chosen reproducibly by `seed` (all of `ds` if `n` is None or too big)."
+    if n is None or n >= len(ds): return ds
+    return ds.select(stratified_indices(ds["label"], n, seed))
 
 # %% ../nbs/02_dataset.ipynb #39b130a3
 def default_cache_dir() -> Path:
@@ -193,13 +197,30 @@ def padding_fraction(batches, lengths) -> float:
 
 # %% ../nbs/02_dataset.ipynb #f18da21c
 def load_splits(cfg):
-    "Train and test `Dataset`s (raw text) for `cfg`: its data source and stratified subset sizes."
+    """The training rows and the rows `evaluate` measures, for `cfg` (raw text, stratified subsets).
+    With `validation_size`, that many training rows are held out; `eval_split='validation'` evaluates on them
+    instead of the test split, so settings are chosen without ever looking at the test rows."""
     train = stratified_subset(load_agnews("train", cfg.data_dir, cfg.data_source), cfg.train_size, seed=cfg.seed)
-    test = stratified_subset(load_agnews("test", cfg.data_dir, cfg.data_source), cfg.test_size, seed=cfg.seed)
-    return train, test
+    if cfg.validation_size:
+        if cfg.validation_size >= len(train):
+            raise ValueError(f"validation_size={cfg.validation_size} leaves no training rows out of {len(train)}.")
+        held_out = set(stratified_indices(train["label"], cfg.validation_size, seed=cfg.seed + 1))
+        validation = train.select(sorted(held_out))
+        train = train.select([i for i in range(len(train)) if i not in held_out])
+        if cfg.eval_split == "validation": return train, validation
+    return train, stratified_subset(load_agnews("test", cfg.data_dir, cfg.data_source), cfg.test_size, seed=cfg.seed)
 
-def build_dataloaders(cfg, tokenizer, num_replicas: int = 1, rank: int = 0, pad_to_multiple_of: int | None = None):
-    "Train and test DataLoaders for `cfg` (length-grouped; sharded when `num_replicas` > 1; exact, unpadded test shards)."
+def loader_options(device: str | torch.device, precision: str = "fp32") -> dict:
+    """How to feed `device`: on a GPU, page-locked (pinned) batches copied asynchronously, 2 worker processes to collate
+    while the GPU computes, and lengths padded to multiples of 8 under half precision (tensor cores work in tiles of 8).
+    On a CPU none of it helps: workers would take cores from the training itself."""
+    cuda = torch.device(device).type == "cuda"
+    return dict(pin_memory=cuda, num_workers=2 if cuda else 0,
+                pad_to_multiple_of=8 if cuda and precision in ("fp16", "bf16") else None)
+
+def build_dataloaders(cfg, tokenizer, num_replicas: int = 1, rank: int = 0, pad_to_multiple_of: int | None = None,
+                      pin_memory: bool = False, num_workers: int = 0):
+    "Train and evaluation DataLoaders for `cfg` (length-grouped; sharded when `num_replicas` > 1; exact, unpadded eval shards)."
     from torch.utils.data import DataLoader
     train, test = (tokenize_dataset(ds, tokenizer, cfg.max_length) for ds in load_splits(cfg))
     collate = make_collator(tokenizer, pad_to_multiple_of)
@@ -209,5 +230,6 @@ def build_dataloaders(cfg, tokenizer, num_replicas: int = 1, rank: int = 0, pad_
                                              rank=rank, even_batches=False)
     # a private generator keeps DataLoader from drawing on the global RNG, so a resumed run replays the same dropout masks
     loader = lambda ds, s: DataLoader(ds.with_format("torch"), batch_sampler=s, collate_fn=collate,
-                                      generator=torch.Generator().manual_seed(0))
+                                      generator=torch.Generator().manual_seed(0), pin_memory=pin_memory,
+                                      num_workers=num_workers, persistent_workers=num_workers > 0)
     return loader(train, train_sampler), loader(test, test_sampler)

@@ -5,27 +5,28 @@
 # %% ../nbs/04_ddp.ipynb #981d1aaa
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
-import mmap
 import os
 import signal
-import tempfile
-from collections import Counter
+import socket
+import sys
 from dataclasses import dataclass
-from functools import partial
+from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .train import Trainer, pick_device, run_training
+from .model import add_config_args, config_from_args
+from .train import CheckpointError, Trainer, pick_device, run_training
 
 # %% auto #0
-__all__ = ['DistInfo', 'setup_distributed', 'cleanup_distributed', 'is_main_process', 'DDPTrainer', 'parameter_fingerprint',
-           'replicas_in_sync', 'SharedMemoryGradients', 'shared_memory_hook', 'pick_grad_sync', 'compare_grad_sync',
-           'per_rank_batch_size', 'train_distributed']
+__all__ = ['DistInfo', 'default_backend', 'setup_distributed', 'cleanup_distributed', 'is_main_process', 'free_port',
+           'register_comm_hook', 'DDPTrainer', 'parameter_fingerprint', 'replicas_in_sync', 'per_rank_batch_size',
+           'simulated_crash', 'train_distributed', 'train_parser', 'main']
 
 # %% ../nbs/04_ddp.ipynb #b77a653c
 @dataclass
@@ -37,14 +38,34 @@ class DistInfo:
     device: torch.device = torch.device("cpu")
     backend: str | None = None
     local_world_size: int = 1       # processes on this machine (torchrun's LOCAL_WORLD_SIZE)
+    owns_group: bool = False        # we started the process group (so we end it); False when a framework (Ray) did
     @property
     def is_main(self) -> bool: return self.rank == 0
     @property
     def distributed(self) -> bool: return self.world_size > 1
 
+def default_backend() -> str:
+    "NCCL where there are CUDA GPUs (GPU-to-GPU over NVLink/PCIe), gloo on CPUs."
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+def _device_for(backend: str, local_rank: int) -> torch.device:
+    if backend != "nccl": return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("backend 'nccl' needs CUDA GPUs and none is visible; use backend 'gloo' on CPUs.")
+    if local_rank >= torch.cuda.device_count():
+        raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s): lower --nproc_per_node.")
+    torch.cuda.set_device(local_rank)          # before init: each rank owns one GPU
+    return torch.device("cuda", local_rank)
+
 def setup_distributed(backend: str | None = None, timeout_s: float = 300) -> DistInfo:
-    "Join the process group described by torchrun's environment variables (a world of one without them)."
+    """Join the process group described by torchrun's environment variables (a world of one without them). A group
+    that is already running (Ray Train starts its own) is used as it is."""
     env = os.environ
+    if dist.is_available() and dist.is_initialized():
+        backend = dist.get_backend()
+        local_rank = int(env.get("LOCAL_RANK", 0))
+        return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), _device_for(backend, local_rank), backend,
+                        int(env.get("LOCAL_WORLD_SIZE", dist.get_world_size())), owns_group=False)
     if "WORLD_SIZE" not in env and "RANK" not in env:
         return DistInfo(device=pick_device())
     missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in env]
@@ -53,60 +74,66 @@ def setup_distributed(backend: str | None = None, timeout_s: float = 300) -> Dis
                            f"(e.g. `torchrun --standalone --nproc_per_node=2 train_ddp.py`), which sets them.")
     rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank = int(env.get("LOCAL_RANK", rank))
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        if not torch.cuda.is_available():
-            raise RuntimeError("backend 'nccl' needs CUDA GPUs and none is visible; use backend 'gloo' on CPUs.")
-        if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s): lower --nproc_per_node.")
-        torch.cuda.set_device(local_rank)          # before init: each rank owns one GPU
-        device = torch.device("cuda", local_rank)
+    backend = backend or default_backend()
+    device = _device_for(backend, local_rank)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    extra = {"device_id": device} if backend == "nccl" else {}
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent hosts the key-value store and keeps it across restarts, so the addresses a crashed
+        # attempt published are still there: a restarted rank could read a dead peer's address and fail to
+        # connect. A prefix per attempt keeps the attempts apart.
+        store = dist.PrefixStore(f"attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
+                                 dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
+                                               is_master=False, timeout=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **extra)
     else:
-        device = torch.device("cpu")
-    if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
-        extra = {"device_id": device} if backend == "nccl" else {}
-        if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            # torchrun's agent hosts the key-value store and keeps it across restarts, so the addresses a crashed
-            # attempt published are still there: a restarted rank could read a dead peer's address and fail to
-            # connect. A prefix per attempt keeps the attempts apart.
-            store = dist.PrefixStore(f"attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
-                                     dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
-                                                   is_master=False, timeout=timeout))
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **extra)
-        else:
-            dist.init_process_group(backend, timeout=timeout, **extra)
-    return DistInfo(rank, local_rank, world_size, device, backend, int(env.get("LOCAL_WORLD_SIZE", 1)))
+        dist.init_process_group(backend, timeout=timeout, **extra)
+    return DistInfo(rank, local_rank, world_size, device, backend, int(env.get("LOCAL_WORLD_SIZE", 1)), owns_group=True)
 
-def cleanup_distributed():
-    "Leave the process group (call it in a `finally`, so a failing rank frees its peers and GPU memory)."
-    if dist.is_available() and dist.is_initialized(): dist.destroy_process_group()
+def cleanup_distributed(info: DistInfo | None = None):
+    "Leave the process group we started (in a `finally`, so a failing rank frees its peers and GPU memory)."
+    if (info is None or info.owns_group) and dist.is_available() and dist.is_initialized(): dist.destroy_process_group()
 
 def is_main_process() -> bool:
     "True on rank 0 (and in a plain, non-distributed run)."
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
+def free_port(host: str = "127.0.0.1") -> int:
+    "A TCP port that is free right now on `host` (for MASTER_PORT, a rendezvous endpoint or a test server)."
+    with socket.socket() as s:
+        s.bind((host, 0)); return s.getsockname()[1]
+
 # %% ../nbs/04_ddp.ipynb #e9205ca4
+def register_comm_hook(ddp: DDP, name: str) -> str:
+    "Attach one of PyTorch's built-in DDP communication hooks by `name` (none | fp16 | bf16 | powersgd); returns what the banner says."
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if name == "none": return "all-reduce"
+    if name in ("fp16", "bf16"):      # halve the bytes on the wire: gradients are sent in 16 bits, averaged, cast back
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook if name == "fp16" else default_hooks.bf16_compress_hook)
+        return f"all-reduce of {name}-compressed gradients"
+    if name == "powersgd":            # low-rank approximation of each gradient matrix, with error feedback
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return "PowerSGD (rank 1) after 10 plain all-reduce steps"
+    raise ValueError(f"comm_hook={name!r} is not one of none, fp16, bf16, powersgd.")
+
 class DDPTrainer(Trainer):
     "`Trainer` + DistributedDataParallel: wrap the model, no_sync during accumulation, sum metrics across ranks."
-    def __init__(self, *args, dist_info: DistInfo, **kwargs):
-        self.dist_info = dist_info
-        super().__init__(*args, device=dist_info.device, **kwargs)
-
-    grad_sync = "none"   # how gradients are averaged: "allreduce" (the backend) or "shm" (shared memory, see below)
+    def __init__(self, cfg, model, tokenizer, train_dl, test_dl, dist_info: DistInfo, log=print, progress: bool = True):
+        self.dist_info, self.averaging = dist_info, None
+        super().__init__(cfg, model, tokenizer, train_dl, test_dl, device=dist_info.device, log=log, progress=progress)
 
     def _prepare_model(self, model):
         if not self.dist_info.distributed: return model
         ids = [self.device.index] if self.device.type == "cuda" else None
         # gradients live directly in DDP's communication buckets: one copy of every gradient less per step
         ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
-        self.grad_sync = pick_grad_sync(self.cfg.grad_sync, self.dist_info)
-        if self.grad_sync == "shm": ddp.register_comm_hook(SharedMemoryGradients(model), shared_memory_hook)
+        self.averaging = register_comm_hook(ddp, self.cfg.comm_hook)
         return ddp
 
     def banner(self) -> str:
-        how = {"shm": "shared memory", "allreduce": f"all-reduce over {self.dist_info.backend}"}.get(self.grad_sync)
-        return super().banner() + (f" | gradients averaged by {how}" if how else "")
+        how = f" | gradients averaged by {self.averaging} over {self.dist_info.backend}" if self.averaging else ""
+        return super().banner() + how
 
     def _sync_gradients(self, sync: bool):
         return contextlib.nullcontext() if sync or not self.dist_info.distributed else self.model.no_sync()
@@ -126,15 +153,6 @@ class DDPTrainer(Trainer):
     @property
     def world_size(self) -> int: return self.dist_info.world_size
 
-    # for the fault-tolerance demo: one worker dies hard at a given step, once (torchrun's first attempt only)
-    fail_at_step: int | None = None
-    fail_rank: int = 1
-    def _after_step(self):
-        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        if self.step == self.fail_at_step and self.dist_info.rank == self.fail_rank and first_attempt:
-            print(f"[rank {self.dist_info.rank}] simulated crash at step {self.step} (SIGKILL)", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-
 # %% ../nbs/04_ddp.ipynb #bc8fb16e
 def parameter_fingerprint(model) -> torch.Tensor:
     "Two float64 numbers that change when any parameter changes: the sum and the sum of squares of all parameters."
@@ -150,138 +168,6 @@ def replicas_in_sync(model, device=None) -> bool:
     dist.all_gather(everyone, mine)
     return all(torch.equal(everyone[0], other) for other in everyone[1:])
 
-# %% ../nbs/04_ddp.ipynb #5e3a0c02
-class SharedMemoryGradients:
-    "State of a DDP communication hook that averages gradients through shared memory, for ranks on one machine."
-    def __init__(self, model: nn.Module, group=None, directory: str = "/dev/shm"):
-        self.group = group or dist.group.WORLD
-        self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
-        # one slot holds the largest possible bucket: every trainable parameter (DDP's first step uses one bucket)
-        self.capacity = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        # embeddings whose gradient is sparse; a weight shared with another module (tied embeddings) is dense
-        users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
-        embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad
-                      and not m.sparse and users[id(m.weight)] == 1]
-        self.ids_seen = {id(m.weight): [] for m in embeddings}   # token ids since the last synchronisation
-        for m in embeddings: m.register_forward_pre_hook(partial(self._remember_ids, id(m.weight)))
-        row_capacity = sum(m.weight.shape[0] + 1 for m in embeddings) or 1
-        self._map = self._shared_file(2 * self.world_size * (4 * self.capacity + 8 * row_capacity), directory)
-        floats = 2 * self.world_size * self.capacity
-        self.values = torch.frombuffer(self._map, dtype=torch.float32, count=floats).view(2, self.world_size, -1)
-        self.row_ids = torch.frombuffer(self._map, dtype=torch.int64, offset=4 * floats).view(2, self.world_size, -1)
-        self.calls, self.numbers_sent, self.numbers_total = 0, 0, 0
-
-    def _shared_file(self, nbytes: int, directory: str) -> mmap.mmap:
-        "Map one file that every rank of the group shares; it is deleted (and kept alive by the mappings) at once."
-        path = [None]
-        if self.rank == 0:
-            fd, path[0] = tempfile.mkstemp(dir=directory, prefix="distrinews-gradients-"); os.close(fd)
-        dist.broadcast_object_list(path, src=dist.get_global_rank(self.group, 0), group=self.group)
-        fd = os.open(path[0], os.O_RDWR)
-        try:
-            dist.barrier(self.group)                       # everyone has it open...
-            if self.rank == 0: os.unlink(path[0])          # ...so it can go: the memory is freed when the last rank exits
-            try: os.posix_fallocate(fd, 0, nbytes)         # reserve the memory now, or fail now
-            except OSError as e:
-                raise RuntimeError(f"Cannot reserve {nbytes / 2**20:.0f} MB in {directory} for gradient averaging ({e}). "
-                                   "Free space there (or enlarge it: docker run --shm-size=2g), "
-                                   "or train with --grad-sync allreduce.") from None
-            return mmap.mmap(fd, nbytes)
-        finally: os.close(fd)
-
-    def _remember_ids(self, key, module, args):
-        if torch.is_grad_enabled(): self.ids_seen[key].append(args[0].detach().flatten())
-
-    def _split(self, bucket, flat):
-        "The bucket as dense (start, end) ranges and sparse (start, gradient rows, used row ids) parts."
-        dense, sparse, start = [], [], 0
-        for p, g in zip(bucket.parameters(), bucket.gradients()):
-            if id(p) not in self.ids_seen: continue
-            at = (g.data_ptr() - flat.data_ptr()) // flat.element_size()
-            if not (0 <= at and at + g.numel() <= flat.numel()):
-                raise RuntimeError("DDP gave the hook a gradient that is not a view of its bucket; use grad_sync='allreduce'.")
-            seen = self.ids_seen[id(p)]
-            # without recorded ids (no forward went through the hook), find the non-zero rows
-            used = torch.cat(seen).unique() if seen else g.view(g.shape[0], -1).ne(0).any(1).nonzero().flatten()
-            seen.clear()
-            if at > start: dense.append((start, at))
-            sparse.append((at, g.view(g.shape[0], -1), used)); start = at + g.numel()
-        if start < flat.numel(): dense.append((start, flat.numel()))
-        return dense, sparse
-
-    def average(self, bucket) -> torch.Tensor:
-        "Average `bucket` over all ranks, in place."
-        flat, n, me = bucket.buffer(), self.world_size, self.rank
-        if flat.numel() > self.capacity or flat.dtype != torch.float32:
-            raise RuntimeError(f"gradient bucket of {flat.numel():,} {flat.dtype} values does not fit the shared slots "
-                               f"({self.capacity:,} float32): was the model changed after the hook was made?")
-        half = self.calls % 2; self.calls += 1     # alternate halves: a fast rank never overwrites what a slow one reads
-        values, row_ids = self.values[half], self.row_ids[half]
-        dense, sparse = self._split(bucket, flat)
-        for a, b in dense: torch.div(flat[a:b], n, out=values[me, a:b])            # 1. my share, divided by n
-        at = 0
-        for a, rows, used in sparse:
-            k, width = len(used), rows.shape[1]
-            row_ids[me, at] = k; row_ids[me, at + 1:at + 1 + k] = used
-            torch.div(rows.index_select(0, used), n, out=values[me, a:a + k * width].view(k, width))
-            at += 1 + rows.shape[0]
-            self.numbers_sent += k * width
-        self.numbers_sent += sum(b - a for a, b in dense); self.numbers_total += flat.numel()
-        dist.barrier(self.group)                                                     # 2. every share is written
-        for a, b in dense:                                                           # 3. add them up in rank order
-            torch.add(values[0, a:b], values[1, a:b], out=flat[a:b])
-            for r in range(2, n): flat[a:b].add_(values[r, a:b])
-        at = 0
-        for a, rows, used in sparse:
-            width = rows.shape[1]
-            rows.index_fill_(0, used, 0)
-            for r in range(n):
-                k = int(row_ids[r, at])
-                rows.index_add_(0, row_ids[r, at + 1:at + 1 + k], values[r, a:a + k * width].view(k, width))
-            at += 1 + rows.shape[0]
-        return flat
-
-def shared_memory_hook(state, bucket):   # no annotations: DDP checks them, and this module's are strings
-    "DDP communication hook: `ddp.register_comm_hook(SharedMemoryGradients(model), shared_memory_hook)`."
-    future = torch.futures.Future()
-    future.set_result(state.average(bucket))
-    return future
-
-def pick_grad_sync(choice: str, info: DistInfo) -> str:
-    "How this job averages gradients: 'shm' for CPU ranks that all run on this machine (with `choice='auto'`), else 'allreduce'."
-    possible = info.device.type == "cpu" and info.local_world_size == info.world_size and os.path.isdir("/dev/shm")
-    if choice == "auto": return "shm" if possible and info.distributed else "allreduce"
-    if choice == "shm" and not possible:
-        raise ValueError("grad_sync='shm' needs CPU ranks that all run on this machine (one torchrun, no GPUs) and "
-                         "/dev/shm; use grad_sync='allreduce' or 'auto'.")
-    return choice
-
-# %% ../nbs/04_ddp.ipynb #5e3a0c04
-def compare_grad_sync(rank: int, world_size: int, steps: int = 3, accumulation: int = 2) -> dict:
-    "On every rank: DDP's all-reduce vs `SharedMemoryGradients` on the same small embedding model and batches."
-    def model():
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Embedding(1000, 16), nn.Flatten(), nn.Linear(16 * 6, 32), nn.ReLU(), nn.Linear(32, 4))
-    reference, ours = DDP(model(), bucket_cap_mb=0.002), DDP(model(), bucket_cap_mb=0.002)
-    state = SharedMemoryGradients(ours.module)
-    ours.register_comm_hook(state, shared_memory_hook)
-    g = torch.Generator().manual_seed(rank)                    # different data on every rank
-    worst, identical = 0.0, []
-    for _ in range(steps):
-        calls_before = state.calls
-        for micro in range(accumulation):
-            x, y = torch.randint(0, 1000, (4, 6), generator=g), torch.randint(0, 4, (4,), generator=g)
-            for m in (reference, ours):
-                with m.no_sync() if micro < accumulation - 1 else contextlib.nullcontext():
-                    nn.functional.cross_entropy(m(x), y).backward()
-        pairs = [(p.grad, q.grad) for p, q in zip(reference.parameters(), ours.parameters())]
-        identical.append(all(torch.equal(a, b) for a, b in pairs))
-        worst = max([worst] + [(a - b).abs().max().item() for a, b in pairs])
-        for m in (reference, ours): m.zero_grad(set_to_none=True)
-    return dict(identical=identical, max_difference=worst, buckets_last_step=state.calls - calls_before,
-                fingerprint=parameter_fingerprint(ours.module).tolist(),
-                sent=f"{state.numbers_sent:,} of {state.numbers_total:,} numbers")
-
 # %% ../nbs/04_ddp.ipynb #024be7ce
 def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int = 1) -> int:
     "The per-rank batch that gives `global_batch_size` over `world_size` ranks and `grad_accum` micro-steps."
@@ -291,20 +177,52 @@ def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int
     return global_batch_size // (world_size * grad_accum)
 
 # %% ../nbs/04_ddp.ipynb #e427a3af
+def simulated_crash(at_step: int, rank: int = 1) -> Callable:
+    "An `on_step_end` callback for the fault-tolerance demo: rank `rank` dies hard at `at_step`, on torchrun's first attempt only."
+    def crash(trainer):
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if trainer.step == at_step and trainer.dist_info.rank == rank and first_attempt:
+            print(f"[rank {rank}] simulated crash at step {at_step} (SIGKILL)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    return crash
+
 def train_distributed(cfg, resume: str = "auto", backend: str | None = None, global_batch_size: int | None = None,
-                      timeout_s: float = 300, fail_at_step: int | None = None):
-    "Train `cfg` on every rank of a torchrun job (or in one process); returns the trainer (rank 0 saved the checkpoint)."
+                      timeout_s: float = 300, on_epoch_end: Callable | None = None, on_step_end: Callable | None = None):
+    "Train `cfg` on every rank of a torchrun (or Ray) job, or in one process; returns the trainer (rank 0 saved the checkpoint)."
     info = setup_distributed(backend, timeout_s)
-    DDPTrainer.fail_at_step = fail_at_step
     try:
         if global_batch_size:
             cfg.batch_size = per_rank_batch_size(global_batch_size, info.world_size, cfg.grad_accum)
-        pad8 = 8 if info.device.type == "cuda" else None   # tensor cores like multiples of 8
-        trainer = run_training(cfg, resume, trainer_cls=DDPTrainer, dist_info=info, progress=info.is_main,
-                               loader_kwargs=dict(num_replicas=info.world_size, rank=info.rank, pad_to_multiple_of=pad8))
+        trainer = run_training(cfg, resume, dist_info=info, on_epoch_end=on_epoch_end, on_step_end=on_step_end)
         in_sync = replicas_in_sync(trainer.model, info.device)
         trainer.log(f"replicas in sync after training: {in_sync}")
         if not in_sync: raise RuntimeError("model replicas diverged across ranks: gradients were not synchronised")
         return trainer
     finally:
-        cleanup_distributed()
+        cleanup_distributed(info)
+
+def train_parser() -> argparse.ArgumentParser:
+    "The training command line: one flag per RunConfig field, plus how to run distributed."
+    p = argparse.ArgumentParser(prog="distrinews-train", description="Fine-tune a news classifier on AG News: one process, "
+                                "or one process per worker under torchrun (`torchrun --nproc_per_node=2 train_ddp.py ...`).")
+    add_config_args(p)
+    p.add_argument("--global-batch-size", type=int, help="batch per optimizer step over all ranks (sets the per-rank batch)")
+    p.add_argument("--backend", choices=["nccl", "gloo"], help="default: nccl with GPUs, gloo without")
+    p.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait for a missing rank")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint (error if there is none)")
+    g.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in --output-dir and start over")
+    p.add_argument("--simulate-failure-at-step", type=int, help="rank 1 kills itself at this step (fault-tolerance demo)")
+    return p
+
+@record   # under torchrun, a failing worker's error and traceback appear in torchrun's failure summary
+def main(argv: list[str] | None = None):
+    "`distrinews-train` and `train_ddp.py`: the same program alone and under torchrun."
+    args = train_parser().parse_args(argv)
+    try:
+        crash = simulated_crash(args.simulate_failure_at_step) if args.simulate_failure_at_step else None
+        train_distributed(config_from_args(args), resume="yes" if args.resume else "no" if args.fresh else "auto",
+                          backend=args.backend, global_batch_size=args.global_batch_size, timeout_s=args.timeout,
+                          on_step_end=crash)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:   # CheckpointError and DataFolderError are ValueErrors
+        sys.exit(f"distrinews-train: error: {e}")

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 # %% auto #0
 __all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBERT', 'PROFILES', 'RunConfig', 'running_on',
-           'pick_profile', 'get_config', 'environment_banner', 'add_config_args', 'config_from_args',
+           'pick_profile', 'env_overrides', 'get_config', 'environment_banner', 'add_config_args', 'config_from_args',
            'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline', 'resolve_model_source', 'load_tokenizer',
            'build_classifier', 'predict']
 
@@ -33,10 +36,12 @@ class RunConfig:
     "Everything that defines one training run. Sizes of `None` mean 'the whole split'."
     profile: str = "cpu"
     model_name: str = OFFLINE_ENCODER   # hub name, local folder, or `RANDOM_DISTILBERT`
-    data_source: str = "auto"           # auto | local | hub  (auto: local when a data folder is found)
+    data_source: Literal["auto", "local", "hub"] = "auto"   # auto: local when a data folder is set, else the hub
     data_dir: str | None = None         # a folder in the original AG News CSV format; default: $DISTRINEWS_DATA_DIR
     train_size: int | None = None       # stratified subset of the train split
     test_size: int | None = None        # stratified subset of the test split
+    validation_size: int = 0            # training rows held out (stratified, never trained on) for choosing settings
+    eval_split: Literal["test", "validation"] = "test"   # what `evaluate` measures: the test split or the held-out rows
     max_length: int = 128               # tokens; AG News headlines+leads rarely exceed 100
     batch_size: int = 32                # per process (DDP: per rank)
     eval_batch_size: int = 128
@@ -47,26 +52,29 @@ class RunConfig:
     grad_accum: int = 1                 # micro-batches per optimizer step
     max_grad_norm: float = 1.0
     label_smoothing: float = 0.0        # spread this much target probability over the other classes (regularizes)
-    precision: str = "auto"             # auto | fp32 | bf16 | fp16
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"   # auto: bf16 where native, fp16 on older GPUs, else fp32
     seed: int = 42
     output_dir: str = "runs/cpu"
     save_every: int = 0                 # optimizer steps between resumable checkpoints (0: end of each epoch only)
     group_by_length: bool = True        # length-grouped batches: far less padding
     dropout: float | None = None        # override every dropout probability of the model (0.0 for exactness tests)
     num_threads: int | None = None      # torch CPU threads per process (None: torch's default)
-    grad_sync: str = "auto"             # DDP gradient averaging: auto | shm (shared memory, one machine) | allreduce (the backend)
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"   # DDP: none = plain all-reduce; else a built-in hook
 
     def __post_init__(self):
-        checks = {"precision": ("auto", "fp32", "bf16", "fp16"), "data_source": ("auto", "local", "hub"),
-                  "grad_sync": ("auto", "shm", "allreduce")}
-        for name, allowed in checks.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} is not one of {allowed}.")
+        for f in fields(self):   # the allowed values of a Literal field are written in its annotation
+            allowed = getattr(_FIELD_TYPES[f.name], "__args__", ()) if getattr(_FIELD_TYPES[f.name], "__origin__", None) is Literal else ()
+            if allowed and getattr(self, f.name) not in allowed:
+                raise ValueError(f"RunConfig.{f.name}={getattr(self, f.name)!r} is not one of {allowed}.")
         for name in ("batch_size", "eval_batch_size", "epochs", "grad_accum", "max_length"):
             if getattr(self, name) < 1: raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.eval_split == "validation" and self.validation_size < 1:
+            raise ValueError("eval_split='validation' needs validation_size >= 1 (training rows to hold out).")
 
     @property
     def effective_batch_size(self): return self.batch_size * self.grad_accum
+
+_FIELD_TYPES = typing.get_type_hints(RunConfig)   # the real types behind this module's string annotations
 
 PROFILES = {
     "smoke":  dict(train_size=512, test_size=256, max_length=64, batch_size=16, eval_batch_size=64, epochs=1,
@@ -93,9 +101,21 @@ def pick_profile(profile: str | None = None) -> str:
                          f"(argument `profile=` or environment variable DISTRINEWS_PROFILE).")
     return profile
 
-def get_config(profile: str | None = None, **overrides) -> RunConfig:
-    "A `RunConfig` for `profile` (see `pick_profile`) with `overrides` applied on top."
+def env_overrides() -> dict:
+    "RunConfig fields set by $DISTRINEWS_OVERRIDES, a JSON object such as `{\"model_name\": \"/models/distilbert\"}`."
+    text = os.environ.get("DISTRINEWS_OVERRIDES", "").strip()
+    if not text: return {}
+    try: values = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"DISTRINEWS_OVERRIDES is not valid JSON ({e}): {text!r}. "
+                         'Example: DISTRINEWS_OVERRIDES=\'{"train_size": 2000, "epochs": 1}\'') from None
+    if not isinstance(values, dict): raise ValueError(f"DISTRINEWS_OVERRIDES must be a JSON object, got {text!r}.")
+    return values
+
+def get_config(profile: str | None = None, *, use_env: bool = True, **overrides) -> RunConfig:
+    "A `RunConfig` for `profile` (see `pick_profile`), then $DISTRINEWS_OVERRIDES (unless `use_env=False`), then `overrides`."
     name = pick_profile(profile)
+    overrides = {**(env_overrides() if use_env else {}), **overrides}
     unknown = set(overrides) - {f.name for f in fields(RunConfig)}
     if unknown: raise TypeError(f"Unknown RunConfig field(s) {sorted(unknown)}; valid: {[f.name for f in fields(RunConfig)]}")
     return RunConfig(**{**PROFILES[name], "profile": name, **overrides})
@@ -107,28 +127,23 @@ def environment_banner(profile: str | None = None) -> str:
     hardware = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else f"CPU only, {os.cpu_count()} cores"
     reason = ("given" if profile else "from $DISTRINEWS_PROFILE" if os.environ.get("DISTRINEWS_PROFILE")
               else "guessed from the machine")
-    return f"Running on {running_on()} ({hardware}) -> profile '{pick_profile(profile)}' ({reason})"
+    extra = env_overrides()
+    extra = f" + overrides from $DISTRINEWS_OVERRIDES: {extra}" if extra else ""
+    return f"Running on {running_on()} ({hardware}) -> profile '{pick_profile(profile)}' ({reason}){extra}"
 
 # %% ../nbs/01_model.ipynb #fa85f78e
-def _parse_value(kind, text):
-    if text.lower() in ("none", "null") and "None" in str(kind): return None
-    if "bool" in str(kind):
-        if text.lower() in ("1", "true", "yes", "on"): return True
-        if text.lower() in ("0", "false", "no", "off"): return False
-        raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-    for t in (int, float):
-        if t.__name__ in str(kind):
-            try: return t(text)
-            except ValueError: raise argparse.ArgumentTypeError(f"expected {t.__name__}, got {text!r}")
-    return text
-
-def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    "Add `--profile` and one `--field-name` flag per `RunConfig` field to `parser`."
+def add_config_args(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    "One `--field-name` flag per `RunConfig` field (typed and checked from the dataclass) plus `--profile`."
+    from transformers import HfArgumentParser
+    parser = parser or argparse.ArgumentParser()
+    # HfArgumentParser adds a flag per dataclass field with its real type (int, float, bool, Literal choices)
+    fields_parser = HfArgumentParser(RunConfig, add_help=False)
+    for action in fields_parser._actions:
+        if action.dest == "profile": continue
+        action.default = None            # unset flags keep the profile's value (see config_from_args)
+        if action.help is None: action.help = f"(RunConfig.{action.dest})"
+        parser._add_action(action)
     parser.add_argument("--profile", default=None, help=f"one of {sorted(PROFILES)} (default: $DISTRINEWS_PROFILE or auto)")
-    for f in fields(RunConfig):
-        if f.name == "profile": continue
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.name.upper(),
-                            type=lambda s, k=f.type: _parse_value(k, s), help=f"(default from profile: {f.default})")
     return parser
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -5,7 +5,6 @@
 # %% ../nbs/03_single_gpu.ipynb #fb4728d7
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -16,19 +15,20 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.nn.utils import clip_grad_norm_
 
-from .model import LABELS, RunConfig, add_config_args, build_classifier, config_from_args, get_config, load_tokenizer
-from .data import build_dataloaders
+from .model import LABELS, RunConfig, build_classifier, load_tokenizer
+from .data import build_dataloaders, loader_options
 
 # %% auto #0
 __all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'RESUMABLE_CHANGES', 'pick_device', 'native_bf16', 'pick_precision',
-           'training_attention', 'use_training_attention', 'seed_everything', 'rng_state', 'set_rng_state',
-           'atomic_directory', 'write_json_atomic', 'CheckpointError', 'find_checkpoint', 'save_checkpoint',
-           'load_training_state', 'check_resumable', 'make_optimizer', 'make_scheduler', 'Trainer', 'make_trainer',
-           'plot_history', 'train_parser', 'run_training', 'main']
+           'make_grad_scaler', 'training_attention', 'use_training_attention', 'seed_everything', 'rng_state',
+           'set_rng_state', 'atomic_directory', 'write_json_atomic', 'CheckpointError', 'find_checkpoint',
+           'save_checkpoint', 'load_training_state', 'check_resumable', 'make_optimizer', 'make_scheduler',
+           'scaled_optimizer_step', 'Trainer', 'make_trainer', 'plot_history', 'run_training']
 
 # %% ../nbs/03_single_gpu.ipynb #dcb45a81
 def pick_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -40,9 +40,10 @@ def pick_device(device: str | torch.device | None = "auto") -> torch.device:
     return device
 
 def native_bf16(device: str | torch.device) -> bool:
-    "True when `device` computes in bfloat16 natively (CUDA with bf16; a CPU with AVX512-BF16 or AMX). Elsewhere bf16 is emulated and slow."
+    "True when `device` computes in bfloat16 natively (an Ampere or newer GPU; a CPU with AVX512-BF16 or AMX). Elsewhere bf16 is emulated and slow."
     device = torch.device(device)
-    if device.type == "cuda": return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    # not torch.cuda.is_bf16_supported(): it also says True where bf16 is only emulated (a T4 is compute capability 7.5)
+    if device.type == "cuda": return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
     if device.type == "cpu":
         checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
         return any(bool(check()) for check in checks if check is not None)
@@ -56,9 +57,15 @@ def pick_precision(precision: str, device: torch.device) -> str:
         return "fp16" if cuda else "fp32"
     if precision == "fp16" and not cuda:
         raise ValueError("precision='fp16' needs a CUDA GPU (fp16 with GradScaler); on CPU use 'bf16' or 'fp32'.")
-    if precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"This GPU ({torch.cuda.get_device_name(device)}) has no bf16: use precision='fp16' or 'auto'.")
+    if precision == "bf16" and cuda and not native_bf16(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(f"This GPU ({torch.cuda.get_device_name(device)}, compute capability {major}.{minor}) has no native "
+                         "bf16 (it needs 8.0+, e.g. A100, L4, H100): use precision='fp16' or 'auto'.")
     return precision
+
+def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    "Loss scaling for fp16 (its narrow range lets small gradients underflow); bf16 and fp32 need none (a disabled scaler is a no-op)."
+    return torch.amp.GradScaler(torch.device(device).type, enabled=precision == "fp16")
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -91,6 +98,12 @@ def set_rng_state(state: dict):
     if "cuda" in state and torch.cuda.is_available(): torch.cuda.set_rng_state_all(state["cuda"])
 
 # %% ../nbs/03_single_gpu.ipynb #d19b3a5e
+def _fsync(path: Path):
+    "Flush `path` (a file or a folder's entries) from the page cache to the disk."
+    fd = os.open(path, os.O_RDONLY)
+    try: os.fsync(fd)
+    finally: os.close(fd)
+
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike):
     "Yield a temporary folder; on success it replaces `target` in one rename (the old one is kept until then)."
@@ -101,16 +114,22 @@ def atomic_directory(target: str | os.PathLike):
     try: yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True); raise
+    # on disk before the rename: after a power cut the new name must never point at files still only in memory
+    for f in tmp.rglob("*"):
+        if f.is_file(): _fsync(f)
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     if target.exists(): os.replace(target, old)
     os.replace(tmp, target)               # a crash between the two renames leaves `old`, which `find_checkpoint` falls back to
+    _fsync(target.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 def write_json_atomic(path: str | os.PathLike, obj):
     "Write `obj` as JSON to `path` via a temporary file and a rename."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1)); os.replace(tmp, path)
+    with open(tmp, "w") as f:
+        f.write(json.dumps(obj, indent=1)); f.flush(); os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 # %% ../nbs/03_single_gpu.ipynb #47d6310b
 STATE_FILE, CONFIG_FILE = "training_state.pt", "run_config.json"
@@ -145,7 +164,7 @@ def load_training_state(path) -> tuple[dict, dict]:
 
 # fields that may change between a run and its resumption; everything else must match
 RESUMABLE_CHANGES = {"profile", "output_dir", "save_every", "eval_batch_size", "num_threads", "data_dir", "test_size",
-                     "grad_sync"}
+                     "comm_hook"}
 
 def check_resumable(saved: dict, cfg: RunConfig):
     "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training trajectory."
@@ -167,11 +186,17 @@ def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=lr, fused=True)
 
 def make_scheduler(optimizer, total_steps: int, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    "Linear warmup from 0 over `warmup_steps`, then linear decay to 0 at `total_steps`."
-    def factor(step):
-        if step < warmup_steps: return (step + 1) / (warmup_steps + 1)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    "Linear warmup from 0 over `warmup_steps`, then linear decay to 0 at `total_steps` (transformers' own schedule)."
+    from transformers import get_linear_schedule_with_warmup
+    return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+
+def scaled_optimizer_step(optimizer, scaler: torch.amp.GradScaler, parameters, max_grad_norm: float) -> bool:
+    "Unscale, clip and step; False when fp16 gradients overflowed and the scaler skipped the step (it then lowers its scale)."
+    scaler.unscale_(optimizer)          # clip the true gradients, not the scaled ones
+    clip_grad_norm_(parameters, max_grad_norm)
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer); scaler.update()
+    return scale is None or scaler.get_scale() >= scale
 
 # %% ../nbs/03_single_gpu.ipynb #73266304
 class Trainer:
@@ -188,14 +213,13 @@ class Trainer:
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.scheduler = make_scheduler(self.optimizer, self.total_steps, int(cfg.warmup_ratio * self.total_steps))
-        # fp16 needs loss scaling; bf16 and fp32 do not (a disabled scaler is a no-op)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.scaler = make_grad_scaler(self.precision, self.device)
         self.epoch, self.batches_done, self.step = 0, 0, 0   # where we are: epoch, micro-batches done in it, optimizer steps
         self.history, self.train_log = [], []
         self._log, self.progress = log, progress
         self.checkpoint_dir = Path(cfg.output_dir) / "checkpoint"
 
-    # --- the four hooks that DDP overrides -------------------------------------------------------------------------
+    # --- the hooks that DDP overrides ------------------------------------------------------------------------------
     def _prepare_model(self, model): return model                    # DDP: wrap in DistributedDataParallel
     def _sync_gradients(self, sync: bool): return contextlib.nullcontext()  # DDP: `no_sync()` when not `sync`
     def _reduce(self, t: torch.Tensor) -> torch.Tensor: return t       # DDP: all_reduce(SUM) across ranks
@@ -225,13 +249,11 @@ class Trainer:
         return loss.item()
 
     def _optimizer_step(self):
-        self.scaler.unscale_(self.optimizer)   # clip the true gradients, not the scaled ones
-        clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        self.scaler.step(self.optimizer); self.scaler.update()
+        scaled_optimizer_step(self.optimizer, self.scaler, self.model.parameters(), self.cfg.max_grad_norm)
         self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
 
-    def _run_epoch(self, epoch: int, stop_at_step: int | None = None) -> dict:
+    def _run_epoch(self, epoch: int, stop_at_step: int | None = None, on_step_end: Callable | None = None) -> dict:
         sampler = self.train_dl.batch_sampler
         sampler.set_epoch(epoch, start_batch=self.batches_done)
         n_batches, accum = self.batches_done + len(sampler), self.cfg.grad_accum
@@ -250,14 +272,22 @@ class Trainer:
             if last_in_group:
                 self._optimizer_step()
                 if self.step % 10 == 0: self.train_log.append((self.step, sum(losses[-10 * accum:]) / len(losses[-10 * accum:])))
-                if self.cfg.save_every and self.step % self.cfg.save_every == 0: self._save_snapshot()
-                self._after_step()
+                if self.cfg.save_every and self.step % self.cfg.save_every == 0: self.save()
+                if on_step_end is not None: on_step_end(self)
                 if stop_at_step is not None and self.step >= stop_at_step: break
         bar.close()
         seconds = time.perf_counter() - started
         totals = self._reduce(torch.tensor([sum(losses), len(losses), samples], dtype=torch.float64))
         return dict(train_loss=(totals[0] / max(totals[1], 1)).item(), train_samples=int(totals[2]),
                     train_seconds=seconds, train_samples_per_s=totals[2].item() / seconds if seconds else 0.0)
+
+    def train_epoch(self, stop_at_step: int | None = None, on_step_end: Callable | None = None) -> dict:
+        """Train on the rest of the current epoch (or up to optimizer step `stop_at_step`) and return its throughput and
+        loss; once the epoch's last batch is done, the trainer moves on to the next epoch. `on_step_end(trainer)` runs
+        after every optimizer step."""
+        metrics = self._run_epoch(self.epoch, stop_at_step, on_step_end)
+        if self.batches_done >= self.batches_per_epoch: self.epoch, self.batches_done = self.epoch + 1, 0
+        return metrics
 
     # --- evaluation ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -287,16 +317,17 @@ class Trainer:
                     scaler=self.scaler.state_dict(), epoch=self.epoch, batches_done=self.batches_done, step=self.step,
                     history=self.history, train_log=self.train_log, rng=rng_state(), world_size=self.world_size)
 
-    def _save_snapshot(self):
-        "Write a resumable checkpoint (rank 0 only; every rank waits until it is complete)."
-        if self.is_main: save_checkpoint(self.checkpoint_dir, self.unwrapped, self.tokenizer, self.cfg, self._state())
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        "Write a resumable checkpoint (default: `checkpoint_dir`; rank 0 writes, every rank waits until it is complete)."
+        path = Path(path or self.checkpoint_dir)
+        if self.is_main: save_checkpoint(path, self.unwrapped, self.tokenizer, self.cfg, self._state())
         self._barrier()
+        return path
 
     def _barrier(self): pass
-    def _after_step(self): pass    # called after every optimizer step (and its snapshot); notebook 04 uses it to simulate a crash
 
-    def _load_snapshot(self, path=None):
-        "Continue from a checkpoint: optimizer, schedule, position in the data and RNG states."
+    def load(self, path: str | os.PathLike | None = None):
+        "Continue from a checkpoint: optimizer, schedule, position in the data and RNG states (the weights: `make_trainer`)."
         state, saved_cfg = load_training_state(path or self.checkpoint_dir)
         check_resumable(saved_cfg, self.cfg)
         self.optimizer.load_state_dict(state["optimizer"]); self.scheduler.load_state_dict(state["scheduler"])
@@ -313,33 +344,43 @@ class Trainer:
                 f" x {self.world_size} process(es) x {c.grad_accum} accumulation = effective batch {c.batch_size * self.world_size * c.grad_accum}"
                 f" | {self.steps_per_epoch} steps/epoch x {c.epochs} epochs, lr {c.lr}")
 
-    def fit(self, stop_at_step: int | None = None) -> list[dict]:
-        "Train from where we are to the last epoch (or to `stop_at_step`), evaluating and checkpointing each epoch."
+    def fit(self, stop_at_step: int | None = None, on_epoch_end: Callable | None = None,
+            on_step_end: Callable | None = None) -> list[dict]:
+        """Train from where we are to the last epoch (or to `stop_at_step`), evaluating and checkpointing each epoch.
+        `on_epoch_end(trainer, metrics)` runs on every rank once the epoch's checkpoint is written (report progress,
+        stop a poor trial by raising); `on_step_end(trainer)` after every optimizer step."""
         self.log(self.banner())
         while self.epoch < self.cfg.epochs:
-            train_metrics = self._run_epoch(self.epoch, stop_at_step)
-            if stop_at_step is not None and self.step >= stop_at_step and self.batches_done < self.batches_per_epoch:
-                self._save_snapshot(); return self.history            # stopped mid-epoch on purpose (tests, time limits)
-            metrics = dict(epoch=self.epoch + 1, step=self.step, **train_metrics, **self.evaluate())
+            train_metrics = self.train_epoch(stop_at_step, on_step_end)
+            if self.batches_done:                                     # stopped mid-epoch on purpose (tests, time limits)
+                self.save(); return self.history
+            metrics = dict(epoch=self.epoch, step=self.step, **train_metrics, **self.evaluate())
             self.history.append(metrics)
-            self.epoch, self.batches_done = self.epoch + 1, 0
-            self._save_snapshot()
+            self.save()
             if self.is_main: write_json_atomic(Path(self.cfg.output_dir) / "metrics.json", self.history)
             self.log(f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f} | eval loss {metrics['eval_loss']:.4f}"
                      f" | accuracy {metrics['accuracy']:.2%} on {metrics['eval_count']} | {metrics['train_samples_per_s']:.1f} samples/s")
+            if on_epoch_end is not None: on_epoch_end(self, metrics)
             if stop_at_step is not None and self.step >= stop_at_step: break
         return self.history
 
 # %% ../nbs/03_single_gpu.ipynb #209282a2
-def make_trainer(cfg: RunConfig, trainer_cls=Trainer, resume: bool = False, **kwargs):
-    "Tokenizer, model (from the checkpoint when resuming), data and a trainer for `cfg`; restored from its snapshot if `resume`."
+def make_trainer(cfg: RunConfig, resume: bool = False, dist_info=None, log=print, progress: bool = True) -> Trainer:
+    """Tokenizer, model (from the checkpoint when resuming), data and a trainer for `cfg`, restored from its checkpoint if
+    `resume`. With `dist_info` (notebook 04's `DistInfo`: rank, world size, device) a `DDPTrainer` for that rank."""
     seed_everything(cfg.seed)
+    device = dist_info.device if dist_info is not None else pick_device()
     checkpoint = find_checkpoint(Path(cfg.output_dir) / "checkpoint") if resume else None
     if checkpoint is not None: load_training_state(checkpoint)      # fail early on a folder that is not a checkpoint
     tokenizer = load_tokenizer(checkpoint or cfg.model_name)
     model = build_classifier(checkpoint or cfg.model_name, seed=cfg.seed, dropout=cfg.dropout)
-    trainer = trainer_cls(cfg, model, tokenizer, *build_dataloaders(cfg, tokenizer, **kwargs.pop("loader_kwargs", {})), **kwargs)
-    if checkpoint is not None: trainer._load_snapshot(checkpoint)
+    shard = dict(num_replicas=dist_info.world_size, rank=dist_info.rank) if dist_info is not None else {}
+    loaders = build_dataloaders(cfg, tokenizer, **shard, **loader_options(device, pick_precision(cfg.precision, device)))
+    if dist_info is None: trainer = Trainer(cfg, model, tokenizer, *loaders, device=device, log=log, progress=progress)
+    else:
+        from distrinews.ddp import DDPTrainer            # notebook 04 builds on this one, not the other way round
+        trainer = DDPTrainer(cfg, model, tokenizer, *loaders, dist_info=dist_info, log=log, progress=progress)
+    if checkpoint is not None: trainer.load(checkpoint)
     return trainer
 
 # %% ../nbs/03_single_gpu.ipynb #c46d5742
@@ -358,40 +399,28 @@ def plot_history(history: list[dict], train_log: list[tuple], path: str | os.Pat
     return fig
 
 # %% ../nbs/03_single_gpu.ipynb #9c214b7d
-def train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="distrinews-train", description="Fine-tune a news classifier on AG News (one process).")
-    add_config_args(p)
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint (error if there is none)")
-    g.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
-    return p
-
-def run_training(cfg: RunConfig, resume: str = "auto", trainer_cls=Trainer, **kwargs):
-    "Train `cfg` to the end (resume: 'auto' | 'yes' | 'no'), save the final checkpoint and return the trainer."
+def run_training(cfg: RunConfig, resume: str = "auto", dist_info=None, on_epoch_end: Callable | None = None,
+                 on_step_end: Callable | None = None) -> Trainer:
+    """Train `cfg` to the end (resume: 'auto' | 'yes' | 'no'), save the final checkpoint, report, return the trainer.
+    `dist_info`: this process's place in a distributed job (notebook 04); None for a plain single-process run."""
     if cfg.num_threads: torch.set_num_threads(cfg.num_threads)
-    pick_precision(cfg.precision, pick_device(kwargs["dist_info"].device if "dist_info" in kwargs else None))  # fail before any work
+    pick_precision(cfg.precision, dist_info.device if dist_info is not None else pick_device())   # fail before any work
+    is_main = dist_info is None or dist_info.is_main
     checkpoint = find_checkpoint(Path(cfg.output_dir) / "checkpoint")
     if resume == "yes" and checkpoint is None:
         raise CheckpointError(f"--resume: no checkpoint in {cfg.output_dir}. Run without --resume to start a new run.")
-    if resume == "no" and checkpoint is not None and int(os.environ.get("RANK", 0)) == 0:
+    if resume == "no" and checkpoint is not None and is_main:
         shutil.rmtree(checkpoint)      # --fresh: start over (rank 0 deletes; no rank reads it when resume is 'no')
-    trainer = make_trainer(cfg, trainer_cls, resume=resume != "no" and checkpoint is not None, **kwargs)
+    trainer = make_trainer(cfg, resume=resume != "no" and checkpoint is not None, dist_info=dist_info, progress=is_main)
     started = time.perf_counter()
-    trainer.fit()
+    trainer.fit(on_epoch_end=on_epoch_end, on_step_end=on_step_end)
     if not trainer.history: trainer.history.append(dict(epoch=trainer.epoch, step=trainer.step, **trainer.evaluate()))
     final = trainer.history[-1]
     if trainer.is_main:
         write_json_atomic(Path(cfg.output_dir) / "metrics.json", trainer.history)
         plot_history(trainer.history, trainer.train_log, Path(cfg.output_dir) / "training_curves.png")
         per_class = ", ".join(f"{k} {v:.1%}" for k, v in final["per_class_accuracy"].items())
-        trainer.log(f"\nTest accuracy {final['accuracy']:.2%} on {final['eval_count']} rows ({per_class})"
+        split = "validation" if cfg.eval_split == "validation" else "Test"
+        trainer.log(f"\n{split} accuracy {final['accuracy']:.2%} on {final['eval_count']} rows ({per_class})"
                     f"\ncheckpoint: {trainer.checkpoint_dir} | wall time {time.perf_counter() - started:.0f} s")
     return trainer
-
-def main(argv=None):
-    args = train_parser().parse_args(argv)
-    try:
-        cfg = config_from_args(args)
-        run_training(cfg, resume="yes" if args.resume else "no" if args.fresh else "auto")
-    except (ValueError, CheckpointError, FileNotFoundError) as e:
-        sys.exit(f"distrinews-train: error: {e}")
