@@ -4,8 +4,9 @@ Each world size is a real torchrun job (gloo on CPU, nccl on GPUs) running our D
 (weak scaling: more workers, more samples per step) on the same pool of rows: `--steps` optimizer steps of the largest
 world size, so 1 rank takes N times as many steps over the very same batches. Every job first makes one untimed pass
 over the pool, then times a second pass; we report samples/s, speed-up over 1 rank and efficiency = speed-up / N.
-On CPUs each N > 1 runs twice, once per way of averaging gradients: DDP's all-reduce over gloo, and our shared-memory
-hook (notebook 04, `grad_sync`).
+Every N > 1 runs with stock DDP (the backend's all-reduce: what `make main` and every learner get) and, as side rows,
+with each other way of averaging asked for with `--averaging`: PyTorch's fp16/bf16 compression hooks, PowerSGD, or
+the shared-memory hook that notebook 08 writes as a lesson on communication hooks.
 
 Why whole passes: batches are padded to their longest item, so their cost varies a lot, and oneDNN (PyTorch's CPU
 kernels) compiles a kernel the first time it meets a shape. Timing "20 steps after 3" gave the 1-rank and the 2-rank job
@@ -28,31 +29,33 @@ import argparse, json, math, os, platform, statistics, subprocess, sys, tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1"); os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
 
 def worker(a):
     "One rank of the timed job (runs under torchrun)."
     import torch
-    from distrinews.ddp import DDPTrainer, cleanup_distributed, setup_distributed
+    from distrinews.ddp import cleanup_distributed, setup_distributed
     from distrinews.model import get_config
     from distrinews.train import make_trainer
     info = setup_distributed()
+    averaging = a.averaging[0]
     try:
-        cfg = get_config("cpu", model_name=a.model, train_size=a.rows, test_size=64, batch_size=a.batch_size, grad_accum=a.grad_accum,
-                         precision=a.precision, epochs=1, output_dir=tempfile.mkdtemp(prefix="ddp-bench-"),
-                         grad_sync=a.grad_sync[0])
-        trainer = make_trainer(cfg, DDPTrainer, dist_info=info, progress=False, log=lambda *x: None,
-                               loader_kwargs=dict(num_replicas=info.world_size, rank=info.rank))
-        for epoch in range(a.warmup):                  # untimed passes: every batch shape's kernels, allocator, DDP buckets
-            trainer._run_epoch(epoch); trainer.batches_done = 0
-        timed = trainer._run_epoch(a.warmup)           # one more pass over the same rows (same batches, new order), timed
+        hook = averaging if averaging in ("fp16", "bf16", "powersgd") else "none"
+        cfg = get_config("cpu", use_env=False, model_name=a.model, train_size=a.rows, test_size=64, batch_size=a.batch_size,
+                         grad_accum=a.grad_accum, precision=a.precision, epochs=a.warmup + 1, comm_hook=hook,
+                         output_dir=tempfile.mkdtemp(prefix="ddp-bench-"))
+        trainer = make_trainer(cfg, dist_info=info, progress=False, log=lambda *x: None)
+        if averaging == "shm" and info.distributed:   # the lesson hook of notebook 08, registered on DDP's model
+            from distrinews.demos.debugging import SharedMemoryGradients, shared_memory_hook
+            trainer.model.register_comm_hook(SharedMemoryGradients(trainer.unwrapped), shared_memory_hook)
+        for _ in range(a.warmup):                      # untimed passes: every batch shape's kernels, allocator, DDP buckets
+            trainer.train_epoch()
+        timed = trainer.train_epoch()                  # one more pass over the same rows (same batches, new order), timed
         seconds = torch.tensor([timed["train_seconds"]], dtype=torch.float64)
         if info.distributed: torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)  # the slowest rank sets the pace
         if info.is_main:
             Path(a.result).write_text(json.dumps(dict(world_size=info.world_size, samples=timed["train_samples"],
                                                       seconds=seconds.item(), precision=trainer.precision,
-                                                      grad_sync=trainer.grad_sync if info.distributed else "none")))
+                                                      grad_sync=averaging if info.distributed else "none")))
     finally:
         cleanup_distributed()
 
@@ -65,8 +68,8 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (one all-reduce per step)")
     p.add_argument("--precision", default="auto")
-    p.add_argument("--grad-sync", nargs="+", choices=["allreduce", "shm"],
-                   help="ways of averaging gradients to compare (default: both on CPUs, allreduce on GPUs)")
+    p.add_argument("--averaging", nargs="+", choices=["allreduce", "fp16", "bf16", "powersgd", "shm"], default=["allreduce"],
+                   help="ways of averaging gradients to compare; the first is the headline (default: allreduce, stock DDP)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of every job; figures are medians")
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps of the largest world size (sets the pool of rows)")
     p.add_argument("--warmup", type=int, default=1, help="untimed passes over the pool before the timed one")
@@ -78,7 +81,6 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.worker: return worker(a)
     import torch
-    a.grad_sync = a.grad_sync or (["allreduce"] if torch.cuda.is_available() else ["allreduce", "shm"])
     # one pool of rows for every world size, divisible among all of them (no sampler top-up, no partial accumulation)
     rows = a.batch_size * a.grad_accum * math.lcm(*a.world_sizes) * a.steps
     worker_args = ["--worker", "--model", a.model, "--batch-size", str(a.batch_size), "--grad-accum", str(a.grad_accum), "--precision", a.precision,
@@ -89,25 +91,25 @@ def main(argv=None):
     def ddp_job(n, sync):
         out = tmp / f"ddp{n}-{sync}.json"
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
-                        *worker_args, "--grad-sync", sync, "--result", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
+                        *worker_args, "--averaging", sync, "--result", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
         r = json.loads(out.read_text())
         return r["samples"] / r["seconds"], r
 
     def control_job(n):
         "n single-process workers at once, no communication: what n workers can get from this machine at all."
         outs = [tmp / f"solo{n}-{i}.json" for i in range(n)]
-        procs = [subprocess.Popen([sys.executable, __file__, *worker_args, "--grad-sync", "allreduce", "--result", str(o)], env=env,
+        procs = [subprocess.Popen([sys.executable, __file__, *worker_args, "--averaging", "allreduce", "--result", str(o)], env=env,
                                   stdout=subprocess.DEVNULL) for o in outs]
         if any(p.wait() for p in procs): raise RuntimeError("a control worker failed")
         return sum(json.loads(o.read_text())["samples"] / json.loads(o.read_text())["seconds"] for o in outs)
 
     # one row per (world size, way of averaging); each collects one throughput per repeat
     runs = [dict(world_size=n, grad_sync="none" if n == 1 else sync, repeats=[])
-            for n in a.world_sizes for sync in (a.grad_sync if n > 1 else ["none"])]
+            for n in a.world_sizes for sync in (a.averaging if n > 1 else ["none"])]
     controls = {n: [] for n in a.world_sizes if n > 1 and not a.no_control}
     for repeat in range(a.repeats):
         for row in runs:
-            samples_per_s, job = ddp_job(row["world_size"], a.grad_sync[0] if row["world_size"] == 1 else row["grad_sync"])
+            samples_per_s, job = ddp_job(row["world_size"], a.averaging[0] if row["world_size"] == 1 else row["grad_sync"])
             row["repeats"].append(round(samples_per_s, 2)); precision = job["precision"]
             print(f"[{repeat + 1}/{a.repeats}] {row['world_size']} rank(s), {row['grad_sync']}: {row['repeats'][-1]:7.1f} samples/s", flush=True)
         for n, values in controls.items():

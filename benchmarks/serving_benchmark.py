@@ -1,8 +1,10 @@
 """Serving benchmark: dynamic micro-batching on vs off, same model, same requests, one run.
 
 Starts `distrinews.serve` twice on a free loopback port (once with micro-batching, once with `--no-batching`, where
-the same worker takes one request at a time), sends the same AG News items from N concurrent clients, and writes
-throughput and p50/p99 latency to benchmarks/results/serving.json.
+the same worker takes one request at a time), sends the same AG News texts from N concurrent clients, and writes
+throughput and p50/p99 latency to a JSON file (notebook 07 writes benchmarks/results/serving_c<clients>.json).
+The servers are started by the helper the tests use (tests/conftest.py), and the AG News CSVs are read with the
+library's reader (`distrinews.data.read_agnews_csv`).
 
     python benchmarks/serving_benchmark.py                          # untrained demo checkpoint, 32 clients
     python benchmarks/serving_benchmark.py --checkpoint runs/cpu/checkpoint --requests 2000
@@ -22,58 +24,30 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
 
-from distrinews.serve import running_server  # noqa: E402
+from conftest import fit_head, running_server  # noqa: E402   the tests' server launcher and linear probe
+from distrinews.data import find_data_dir, read_agnews_csv  # noqa: E402
 
 
-def load_texts(n: int, kind: str = "headlines") -> list[str]:
-    "`n` AG News headlines (or whole items: title and description) from the local test split, or synthetic ones."
-    from distrinews.data import clean_text, find_data_dir
-    data_dir = find_data_dir() or ROOT.parent / "shared" / "data" / "ag_news"
-    path = Path(data_dir) / "test.csv"
-    if path.exists():
-        import csv
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = [clean_text(r[1] if kind == "headlines" else f"{r[1]}. {r[2]}") for r, _ in zip(csv.reader(f), range(n))]
-        if rows: return [rows[i % len(rows)] for i in range(n)]
+def agnews_dir() -> Path | None:
+    "The local AG News folder ($DISTRINEWS_DATA_DIR, else ../shared/data/ag_news beside the repository), if any."
+    folder = find_data_dir() or ROOT.parent / "shared" / "data" / "ag_news"
+    return folder if (folder / "test.csv").is_file() and (folder / "train.csv").is_file() else None
+
+
+def load_texts(n: int, max_words: int = 10, start: int = 0) -> list[str]:
+    """`n` AG News test items read with the library's reader, from row `start` on, each cut to its first `max_words`
+    words (0: whole). An item starts with its title, so 10 words is about a headline. Synthetic texts without data."""
+    folder = agnews_dir()
+    if folder is not None:
+        texts, _ = read_agnews_csv(folder / "test.csv")
+        cut = (lambda t: " ".join(t.split()[:max_words])) if max_words else (lambda t: t)
+        return [cut(texts[(start + i) % len(texts)]) for i in range(n)]
     topics = ["oil prices and the markets", "the cup final", "a new smartphone chip", "peace talks in the region"]
     return [f"Story {i}: a report about {topics[i % 4]} with a few more words of context" for i in range(n)]
-
-
-def fit_head(checkpoint: Path, n: int = 1024) -> Path:
-    """Give the demo checkpoint a trained head, fast: the encoder stays frozen and only the final linear layer is fitted
-    (a linear probe) on `n` AG News training headlines. Its predictions are then as confident as a trained model's, so
-    the server's bf16 check sees a realistic model. (For a real fine-tuned model, pass --checkpoint.)"""
-    import csv
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from distrinews.data import clean_text, find_data_dir
-    path = Path(find_data_dir() or ROOT.parent / "shared" / "data" / "ag_news") / "train.csv"
-    if not path.exists(): return checkpoint
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = [(clean_text(r[1]), int(r[0]) - 1) for r, _ in zip(csv.reader(f), range(n))]
-    model = AutoModelForSequenceClassification.from_pretrained(checkpoint).eval()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    feats = []
-    hook = model.classifier.register_forward_hook(lambda m, args, out: feats.append(args[0].detach()))
-    with torch.inference_mode():
-        for i in range(0, len(rows), 64):
-            model(**tokenizer([t for t, _ in rows[i:i + 64]], padding=True, truncation=True, max_length=64, return_tensors="pt"))
-    hook.remove()
-    x, y = torch.cat(feats), torch.tensor([label for _, label in rows])
-    head = model.classifier
-    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
-    for _ in range(300):
-        opt.zero_grad(); loss = torch.nn.functional.cross_entropy(head(x), y); loss.backward(); opt.step()
-    acc = (head(x).argmax(-1) == y).float().mean().item()
-    out = checkpoint.parent / "probe"
-    model.save_pretrained(out); tokenizer.save_pretrained(out)
-    (out / "run_config.json").write_text(json.dumps({"name": "minilm-linear-probe", "model_name": "all-MiniLM-L6-v2",
-                                                     "max_length": 128, "train_headlines": len(rows), "train_accuracy": acc}))
-    print(f"fitted the head on {len(rows)} headlines (train accuracy {acc:.2f})")
-    return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -144,7 +118,10 @@ def benchmark(checkpoint, texts, warmup, args) -> dict:
     with contextlib.ExitStack() as stack:
         urls = {name: stack.enter_context(running_server(checkpoint, *server_flags(b, args))) for name, b in modes.items()}
         for url in urls.values(): asyncio.run(load_test(url, warmup, args.concurrency))
-        before = {name: httpx.get(url + "/health").json() for name, url in urls.items()}
+        health = {name: httpx.get(url + "/health") for name, url in urls.items()}
+        for name, h in health.items():
+            if h.status_code != 200: raise RuntimeError(f"the batching={name} server has no model: {h.json()['error']}")
+        before = {name: h.json() for name, h in health.items()}
         pooled = {name: ([], {}, 0.0) for name in modes}
         rounds = [texts[i::args.rounds] for i in range(args.rounds)]
         per_round = {name: [] for name in modes}
@@ -173,19 +150,20 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", help="checkpoint folder (default: runs/cpu/checkpoint if it exists, else an untrained demo)")
     p.add_argument("--fit-head", type=int, default=1, help="without --checkpoint: fit the demo model's head on 1024 "
-                   "headlines first (a linear probe, ~10 s), so it predicts like a trained model (0: leave it untrained)")
+                   "AG News items first (a linear probe, ~10 s), so it predicts like a trained model (0: leave it untrained)")
     p.add_argument("--requests", type=int, default=2048, help="measured requests per mode")
     p.add_argument("--rounds", type=int, default=4, help="the requests are sent in this many rounds, alternating modes")
     p.add_argument("--warmup", type=int, default=256, help="unmeasured requests per server first")
-    p.add_argument("--texts", default="headlines", choices=["headlines", "items"],
-                   help="what clients send: AG News headlines (what the demo page gets) or whole items (title. description)")
+    p.add_argument("--max-words", type=int, default=10, help="clients send the first N words of each AG News test "
+                   "item: 10 is about its headline, what the demo page gets (0: the whole item)")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="torch threads in the server")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
     p.add_argument("--batch-max-size", type=int, default=32)
     p.add_argument("--batch-wait-ms", type=float, default=5)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serving.json"))
+    p.add_argument("--out", help="the JSON file to write (default: benchmarks/results/serving_c<concurrency>.json)")
     args = p.parse_args(argv)
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / f"serving_c{args.concurrency:02d}.json")
 
     checkpoint = args.checkpoint
     if checkpoint is None and (ROOT / "runs" / "cpu" / "checkpoint" / "config.json").exists():
@@ -193,8 +171,10 @@ def main(argv=None):
     if checkpoint is None:
         from distrinews.inference import make_demo_checkpoint
         checkpoint = make_demo_checkpoint(Path(tempfile.mkdtemp(prefix="distrinews-bench-")) / "demo")
-        if args.fit_head: checkpoint = fit_head(checkpoint)
-    texts, warmup = load_texts(args.requests, args.texts), load_texts(args.warmup, args.texts)
+        if args.fit_head and agnews_dir() is not None:   # a linear probe on 1024 training items, so it predicts like a
+            checkpoint = fit_head(checkpoint, checkpoint.parent / "probe", n=1024)   # trained model (bf16 check!)
+    texts = load_texts(args.requests, args.max_words)
+    warmup = load_texts(args.warmup, args.max_words, start=args.requests)
     print(f"{args.requests} requests from {args.concurrency} concurrent clients, checkpoint {checkpoint}")
 
     load_before = os.getloadavg()[0]

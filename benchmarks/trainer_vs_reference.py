@@ -15,11 +15,10 @@ luckier mix of short or long items.
     DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/trainer_vs_reference.py            # ~3 min on 2 cores
     .venv/bin/python benchmarks/trainer_vs_reference.py --samples 128 --batch-size 8 --out /tmp/smoke.json    # smoke
 """
-import argparse, json, os, platform, sys, time
+import argparse, json, os, platform, sys, tempfile, time
 from datetime import datetime, timezone
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1"); os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch
 
 from distrinews.data import load_agnews, stratified_subset
@@ -49,12 +48,12 @@ def reference_loop(model_name, texts, labels, batch_size, steps, warmup, lr=2e-5
 
 def our_trainer(model_name, n_samples, batch_size, steps, precision="auto", seed=0):
     "Our `Trainer` on the same rows (a stratified subset of the train split): samples/s over `steps` optimizer steps."
-    cfg = get_config("cpu", model_name=model_name, train_size=n_samples, test_size=64, batch_size=batch_size,
-                     precision=precision, seed=seed, epochs=1, output_dir="/tmp/distrinews-bench-trainer")
+    cfg = get_config("cpu", use_env=False, model_name=model_name, train_size=n_samples, test_size=64, batch_size=batch_size,
+                     precision=precision, seed=seed, epochs=2, output_dir=tempfile.mkdtemp(prefix="distrinews-bench-trainer-"))
     trainer = make_trainer(cfg, progress=False, log=lambda *a: None)
-    trainer._run_epoch(0)                          # warm-up: one pass, so every batch shape has met the kernels once
-    trainer.batches_done = 0                       # a new pass over the same rows (same batches, new order), timed
-    return trainer._run_epoch(1, stop_at_step=trainer.step + steps)["train_samples_per_s"], trainer.precision
+    trainer.train_epoch()                          # warm-up: one pass, so every batch shape has met the kernels once
+    # the next pass over the same rows (same batches, new order), timed
+    return trainer.train_epoch(stop_at_step=trainer.step + steps)["train_samples_per_s"], trainer.precision
 
 
 def main(argv=None):
