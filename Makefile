@@ -1,11 +1,20 @@
 # The two commands of the README. Both create (or reuse) .venv and install what they need.
 #   make main   train with DDP on the `cpu` profile (2 CPU workers, or every GPU), evaluate on the real test set,
 #               save a resumable checkpoint in runs/cpu/checkpoint, then serve it on http://127.0.0.1:7860
-#   make test   every test: exported package in sync, nbdev_test, papermill (profile=smoke), pytest
+#   make test   every test: exported package in sync, nbdev_test (profile=smoke), the Kaggle rehearsal (papermill,
+#               profile=kaggle), pytest
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export DISTRINEWS_DATA_DIR ?= $(abspath ../shared/data/ag_news)
+# This workplace keeps a local AG News copy beside the repo: use it when it is there (and then nothing needs the network).
+# Elsewhere the `ag_news` dataset comes from the Hugging Face Hub; set DISTRINEWS_DATA_DIR to use another local copy.
+LOCAL_AGNEWS := $(abspath ../shared/data/ag_news)
+ifneq ($(wildcard $(LOCAL_AGNEWS)/train.csv),)
+export DISTRINEWS_DATA_DIR ?= $(LOCAL_AGNEWS)
+endif
+# The offline path: with local data (or OFFLINE=1) every hub call is switched off, so none can hang on a closed network.
+OFFLINE ?= $(if $(DISTRINEWS_DATA_DIR),1,)
+OFFLINE_ENV := $(if $(filter 1,$(OFFLINE)),HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1,)
 
 .PHONY: main test venv readme docs
 venv: $(VENV)/.installed
@@ -18,9 +27,9 @@ $(VENV)/.installed: settings.ini setup.py
 
 PROFILE ?= cpu
 main: venv
-	PATH="$(abspath $(BIN)):$$PATH" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+	PATH="$(abspath $(BIN)):$$PATH" $(OFFLINE_ENV) \
 	  bash nbs/run_ddp.sh --profile $(PROFILE) --global-batch-size 32 --output-dir runs/$(PROFILE)
-	HF_HUB_OFFLINE=1 $(BIN)/distrinews-serve --checkpoint runs/$(PROFILE)/checkpoint --host 127.0.0.1 --port 7860
+	$(OFFLINE_ENV) $(BIN)/distrinews-serve --checkpoint runs/$(PROFILE)/checkpoint --host 127.0.0.1 --port 7860
 
 test: venv
 	bash tests/run_tests.sh
@@ -32,7 +41,7 @@ readme: venv
 	{ $(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --stdout --log-level WARN \
 	    | sed -E 's#\]\(([0-9][0-9]_[a-z_]+\.ipynb)#](nbs/\1#g'; \
 	  [ ! -f benchmarks/README.md ] || tail -n +2 benchmarks/README.md \
-	    | sed -E 's/^## /### /; s#\]\(([a-z_]+\.png)\)#](benchmarks/\1)#g'; } > README.md
+	    | sed -E 's/^## /### /; s#\]\(([a-zA-Z0-9_]+\.png)\)#](benchmarks/\1)#g'; } > README.md
 
 # The course as a website (nbdev_docs renders with Quarto: install it from quarto.org first; `pip install quarto-cli`
 # works only where GitHub downloads are allowed)

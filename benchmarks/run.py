@@ -1,7 +1,7 @@
 """Run the benchmark notebook (nbs/07_benchmarks.ipynb) with papermill over a matrix of parameters, keep each executed
 notebook in benchmarks/runs/, then render benchmarks/README.md and the PNG charts from benchmarks/results/*.json.
 
-    DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/run.py      # the real thing, ~30 min on 2 cores
+    HF_HUB_OFFLINE=1 DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/run.py   # the real thing, ~30 min on 2 cores
     .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench                          # tiny parameters, ~2 min (the tests run this)
     .venv/bin/python benchmarks/run.py --only serving                                    # one row of the matrix
 """

@@ -344,11 +344,7 @@ class MicroBatcher:
 
 # %% ../nbs/05_inference.ipynb #2fb1b841
 def default_checkpoint(profile: str | None = None, root: str | os.PathLike | None = None) -> Path | None:
-    "The training checkpoint of `profile` (`<output_dir>/checkpoint` under `root`), or None if there is none yet."
-    from distrinews.model import get_config
-    cfg = get_config(profile)
-    root = Path(root) if root is not None else Path.cwd()
-    for base in (root, *root.parents):
-        if (base / "settings.ini").exists(): root = base; break
-    path = root / cfg.output_dir / "checkpoint"
+    "The training checkpoint of `profile` (in its `run_folder`, looked up from `root`), or None if there is none yet."
+    from distrinews.model import get_config, run_folder
+    path = run_folder(get_config(profile), root) / "checkpoint"
     return path if (path / "config.json").exists() else None

@@ -18,9 +18,9 @@ import torch
 
 # %% auto #0
 __all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBERT', 'PROFILES', 'RunConfig', 'running_on',
-           'pick_profile', 'env_overrides', 'get_config', 'environment_banner', 'add_config_args', 'config_from_args',
-           'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline', 'resolve_model_source', 'load_tokenizer',
-           'build_classifier', 'predict']
+           'pick_profile', 'env_overrides', 'get_config', 'run_folder', 'environment_banner', 'add_config_args',
+           'config_from_args', 'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline', 'resolve_model_source',
+           'load_tokenizer', 'build_classifier', 'predict']
 
 # %% ../nbs/01_model.ipynb #28bacc3c
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -120,6 +120,13 @@ def get_config(profile: str | None = None, *, use_env: bool = True, **overrides)
     if unknown: raise TypeError(f"Unknown RunConfig field(s) {sorted(unknown)}; valid: {[f.name for f in fields(RunConfig)]}")
     return RunConfig(**{**PROFILES[name], "profile": name, **overrides})
 
+def run_folder(cfg: RunConfig, start: str | os.PathLike | None = None) -> Path:
+    """Where a run of `cfg` keeps its checkpoint and metrics: `<output_dir>` under the course's root folder (the clone
+    holding settings.ini, wherever in it a notebook runs), else under the working folder (Kaggle: /kaggle/working)."""
+    start = Path(start or Path.cwd()).resolve()
+    root = next((base for base in (start, *start.parents) if (base / "settings.ini").exists()), start)
+    return root / cfg.output_dir
+
 # %% ../nbs/01_model.ipynb #9cba3e38
 def environment_banner(profile: str | None = None) -> str:
     "One line: Kaggle/Colab/local, the hardware, and the profile `pick_profile` chose (and why)."
@@ -163,9 +170,10 @@ def packaged_encoder_dir() -> Path | None:
     path = Path(pkg.get_model_path())
     return path if (path / "config.json").exists() else None
 
-def hub_offline() -> bool:
-    "True when the Hugging Face Hub must not be contacted (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+def hub_offline(datasets: bool = False) -> bool:
+    "True when the Hugging Face Hub must not be contacted for models (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) or `datasets` (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)."
+    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if datasets else ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in names)
 
 def resolve_model_source(name: str | os.PathLike) -> str:
     "A local folder or a hub name that `from_pretrained` can load without surprises (see above)."
@@ -219,7 +227,9 @@ def build_classifier(name: str | os.PathLike, num_labels: int = len(LABELS), see
             for key, value in config.to_dict().items():
                 if "dropout" in key and isinstance(value, float): setattr(config, key, dropout)
         if source == RANDOM_DISTILBERT: return DistilBertForSequenceClassification(config)
-        return AutoModelForSequenceClassification.from_pretrained(source, config=config)
+        # float32 master weights whatever the file holds (transformers 5 would keep an fp16 file's dtype, and AdamW
+        # on fp16 weights without loss scaling diverges): mixed precision comes from autocast, not from the weights
+        return AutoModelForSequenceClassification.from_pretrained(source, config=config).float()
     except OSError as e:
         raise ModelNotAvailableError(f"Could not load model {name!r} ({e}). Use a local folder or model_name={OFFLINE_ENCODER!r}.") from e
     finally:

@@ -21,7 +21,7 @@ import torch
 from torch.nn.utils import clip_grad_norm_
 
 from .model import LABELS, RunConfig, build_classifier, load_tokenizer
-from .data import build_dataloaders, loader_options
+from .data import build_dataloaders, data_source, loader_options
 
 # %% auto #0
 __all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'RESUMABLE_CHANGES', 'pick_device', 'native_bf16', 'pick_precision',
@@ -405,6 +405,7 @@ def run_training(cfg: RunConfig, resume: str = "auto", dist_info=None, on_epoch_
     `dist_info`: this process's place in a distributed job (notebook 04); None for a plain single-process run."""
     if cfg.num_threads: torch.set_num_threads(cfg.num_threads)
     pick_precision(cfg.precision, dist_info.device if dist_info is not None else pick_device())   # fail before any work
+    data_source(cfg)                    # no data and the hub offline: say so now, not after loading the model
     is_main = dist_info is None or dist_info.is_main
     checkpoint = find_checkpoint(Path(cfg.output_dir) / "checkpoint")
     if resume == "yes" and checkpoint is None:

@@ -8,4 +8,6 @@ gpus=$(python -c "import torch; print(torch.cuda.device_count())")
 nproc="${NPROC:-$([ "$gpus" -gt 0 ] && echo "$gpus" || echo 2)}"
 # CPU workers share the cores: one thread each avoids oversubscription (torchrun would also default to 1)
 [ "$gpus" -gt 0 ] || export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# check the configuration once before starting workers: a mistake gives one clear message, not one per worker
+python "$here/train_ddp.py" "$@" --check
 exec torchrun --standalone --nproc_per_node="$nproc" --max-restarts="${MAX_RESTARTS:-0}" "$here/train_ddp.py" "$@"

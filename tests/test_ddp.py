@@ -7,12 +7,14 @@
   uninterrupted run ends;
 - multi-node: two torchrun agents (one process each) meet over loopback with the c10d rendezvous.
 """
-import json, os, socket, subprocess, sys
+import json, os, subprocess, sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from distrinews.ddp import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "nbs" / "train_ddp.py"
@@ -37,11 +39,6 @@ def weights_initial():
     "The weights both runs start from (same seed, same model)."
     from distrinews.model import OFFLINE_ENCODER, build_classifier
     return build_classifier(OFFLINE_ENCODER, seed=42, dropout=0.0).state_dict()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

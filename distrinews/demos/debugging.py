@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..concepts import demo_batch, fingerprint, tiny_mlp
+from .concepts import demo_batch, tiny_mlp
 from ..ddp import parameter_fingerprint, replicas_in_sync
 
 # %% auto #0
@@ -194,7 +194,7 @@ def train_steps(rank: int, world_size: int, mode: str = "ddp", steps: int = 3, b
         times.append(time.perf_counter() - start)
         if not single: synced.append(grads_in_sync(model))
     return dict(grads_in_sync=synced, params_in_sync=None if single else replicas_in_sync(model),
-                step_s=sum(times[1:]) / max(1, len(times) - 1), fingerprint=fingerprint(model))
+                step_s=sum(times[1:]) / max(1, len(times) - 1), fingerprint=parameter_fingerprint(model).tolist())
 
 # %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c02
 class SharedMemoryGradients:
