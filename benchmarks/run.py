@@ -5,7 +5,7 @@ notebook in benchmarks/runs/, then render benchmarks/README.md and the PNG chart
     .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench                          # tiny parameters, ~2 min (the tests run this)
     .venv/bin/python benchmarks/run.py --only serving                                    # one row of the matrix
 """
-import argparse, sys, tempfile
+import argparse, json, re, sys, tempfile
 from pathlib import Path
 
 import papermill as pm
@@ -30,6 +30,21 @@ SMOKE = {
 }
 
 
+def tidy(path: Path, root: Path):
+    """Make an executed notebook fit to read and commit: folder paths of this machine become relative to the repository
+    (parameters and metadata included), and progress bars keep only their final frame."""
+    text = path.read_text().replace(str(root) + "/", "").replace(str(root), ".")
+    text = re.sub(r'"/tmp/[^"\\]*', '"<scratch folder>', text)
+    nb = json.loads(text)
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                lines = "".join(out["text"]).split("\n")
+                kept = [line.rsplit("\r", 1)[-1] for line in lines]
+                out["text"] = [line + "\n" for line in kept[:-1]] + ([kept[-1]] if kept[-1] else [])
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny parameters, output into --out (default: a temp folder)")
@@ -43,8 +58,10 @@ def main(argv=None):
     runs.mkdir(parents=True, exist_ok=True); results.mkdir(parents=True, exist_ok=True)
     for name, params in matrix.items():
         print(f"== {name}: {params}", flush=True)
-        pm.execute_notebook(NOTEBOOK, runs / f"07_benchmarks-{name}.ipynb", parameters=dict(params, out_dir=str(results)),
+        executed = runs / f"07_benchmarks-{name}.ipynb"
+        pm.execute_notebook(NOTEBOOK, executed, parameters=dict(params, out_dir=str(results)),
                             cwd=NOTEBOOK.parent, progress_bar=False, log_output=False)
+        tidy(executed, HERE.parent)
     sys.path.insert(0, str(HERE))
     import report
     report.render(results, out)

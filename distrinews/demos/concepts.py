@@ -22,6 +22,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+from ..ddp import free_port, parameter_fingerprint
+
 # %% auto #0
 __all__ = ['training_hours', 'training_memory_gb', 'RankResult', 'shutdown_workers', 'spawn_workers', 'show_outputs',
            'collectives_demo', 'tiny_mlp', 'demo_batch', 'ddp_anatomy', 'ring_all_reduce', 'ring_all_reduce_bytes',

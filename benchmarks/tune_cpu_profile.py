@@ -1,0 +1,76 @@
+"""The real hyper-parameter search for the `cpu` profile, written to benchmarks/results/tuning_cpu.json.
+
+The `cpu` profile's model (`sentence-transformers/all-MiniLM-L6-v2`) and data (the 10,429 training rows), of which
+`--validation-size` rows (1,000 by default) are held out, stratified, to choose on: the test split is never used. Each
+trial trains at most `--max-epochs` epochs (3: the profile's budget), reports its validation accuracy after every epoch,
+and the median rule prunes the poor ones (see nbs/11_scale_out.ipynb).
+
+    # one machine, one GPU: a SQLite file (a journal file works too: --storage journal:runs/tuning_cpu.log)
+    python benchmarks/tune_cpu_profile.py --trials 24 --storage sqlite:///runs/tuning_cpu.db --device cuda
+    # several machines or GPUs: the same line on each (CUDA_VISIBLE_DEVICES=k) against one PostgreSQL server, with
+    # --no-write on all but one; then run once more with --trials 0 to write the JSON of the whole study
+    python benchmarks/tune_cpu_profile.py --trials 12 --storage postgresql+psycopg://optuna:PW@db:5432/optuna --no-write
+
+Needs torch, transformers, datasets and optuna (no Ray, no PostgreSQL driver unless the storage is PostgreSQL).
+Running it again with the same storage and study adds trials to the study and rewrites the JSON with all of them.
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--storage", default=f"sqlite:///{ROOT / 'runs' / 'tuning_cpu.db'}",
+                   help="postgresql+psycopg://..., sqlite:///FILE.db or journal:FILE.log")
+    p.add_argument("--study", default="cpu-minilm")
+    p.add_argument("--trials", type=int, default=24, help="trials this process runs (0: only write the JSON)")
+    p.add_argument("--validation-size", type=int, default=1000)
+    p.add_argument("--max-epochs", type=int, default=3)
+    p.add_argument("--startup-trials", type=int, default=4, help="finished trials before the pruner stops any")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--sampler-seed", type=int, help="the sampler's seed (give each process its own)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tuning_cpu.json")
+    p.add_argument("--no-write", action="store_true", help="run trials only (the other workers of a shared study)")
+    args = p.parse_args(argv)
+    if args.device == "cpu": os.environ["CUDA_VISIBLE_DEVICES"] = ""     # before torch looks for GPUs
+    import torch
+    if args.device == "cuda" and not torch.cuda.is_available(): sys.exit("--device cuda: no CUDA GPU is visible here.")
+    sys.path.insert(0, str(ROOT))
+    from distrinews.model import get_config
+    from distrinews.scale import StorageError, open_storage, open_study, study_summary, tune_worker
+
+    base = get_config("cpu", validation_size=args.validation_size, output_dir=str(ROOT / "runs" / "tuning_cpu"))
+    started = time.perf_counter()
+    try:
+        if args.trials:
+            study = tune_worker(args.storage, args.study, args.trials, base, args.max_epochs, args.startup_trials,
+                                seed=args.sampler_seed)
+        else:
+            study = open_study(open_storage(args.storage), args.study, args.startup_trials)
+    except StorageError as e:
+        sys.exit(f"tune_cpu_profile.py: error: {e}")
+    if args.no_write: return
+    summary = study_summary(study)
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    summary.update(
+        profile="cpu", model=base.model_name, train_rows=base.train_size, validation_rows=args.validation_size,
+        max_epochs=args.max_epochs, eval_split="validation", pruner=f"median (after {args.startup_trials} finished trials)",
+        machine=f"{platform.machine()}, {device}, torch {torch.__version__}", wall_seconds_this_process=round(time.perf_counter() - started),
+        written=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    best = summary["best"]
+    print(f"{len(summary['trials'])} trials {summary['states']}; best: trial {best['number']}, validation accuracy "
+          f"{best['value']:.2%}, {best['params']} -> {args.out}" if best else f"no finished trial yet -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

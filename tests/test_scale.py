@@ -1,0 +1,91 @@
+"""Distributed tuning on a real PostgreSQL server (notebook 11): a throwaway server started by the test, worker
+processes of `python -m distrinews.scale tune-worker` pulling trials from one Optuna study.
+
+- two workers share the study: every enqueued trial is run exactly once, by one of them;
+- a trial designed to be poor (lr=1e-7, 2 epochs) is pruned after its first epoch by the median rule;
+- a worker killed with SIGKILL in the middle of a trial leaves nothing stuck in RUNNING: the next worker to start a
+  trial marks it FAIL (its heartbeat stopped) and runs the copy that `RetryFailedTrialCallback` queued;
+- the server is gone afterwards, and a storage that cannot be reached is reported in one line.
+
+Ray Train and Ray Tune run in the notebook itself (nbs/11_scale_out.ipynb), where one Ray instance serves both.
+"""
+import os, signal, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+pytest.importorskip("psycopg")
+from distrinews.scale import StorageError, _postgres_bin, local_postgres, open_storage, open_study, study_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+# tiny trials: 96 training rows + 32 held out for validation, short texts, one thread per worker
+TINY = ["--profile", "smoke", "--train-size", "128", "--validation-size", "32", "--max-length", "32",
+        "--eval-batch-size", "32", "--num-threads", "1"]
+GOOD = dict(lr=3e-4, warmup_ratio=0.0, batch_size=16, weight_decay=0.01, label_smoothing=0.0, epochs=1)
+POOR = dict(GOOD, lr=1e-7, epochs=2)          # learns nothing: chance-level accuracy after its first epoch
+
+
+def have_postgres():
+    try: return _postgres_bin() is not None
+    except RuntimeError: return False
+
+
+def worker(url, study, trials, out):
+    cmd = [sys.executable, "-m", "distrinews.scale", "tune-worker", "--storage", url, "--study", study,
+           "--trials", str(trials), "--max-epochs", "2", "--startup-trials", "1", "--heartbeat", "1", "--grace", "3",
+           *TINY, "--output-dir", str(out)]
+    return subprocess.Popen(cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def states(study):
+    return [t.state.name for t in study.get_trials(deepcopy=False)]
+
+
+@pytest.mark.skipif(not have_postgres(), reason="PostgreSQL (initdb, pg_ctl) is not installed")
+def test_two_workers_one_postgres_study_with_pruning_and_a_killed_worker(tmp_path):
+    with local_postgres() as url:
+        study = open_study(open_storage(url, heartbeat_interval=1, grace_period=3), "news", startup_trials=1)
+        # trial 0 goes to a worker we kill; 1 and 2 to the two workers; 3 (poor) to whichever finishes first, when a
+        # finished trial exists for the median rule to compare with
+        for params in (GOOD, GOOD, GOOD, POOR): study.enqueue_trial(params)
+
+        doomed = worker(url, "news", 1, tmp_path / "doomed")
+        deadline = time.monotonic() + 120
+        while "RUNNING" not in states(study):
+            assert doomed.poll() is None and time.monotonic() < deadline, doomed.communicate()[0][-3000:]
+            time.sleep(0.5)
+        # the two workers start importing now; the kill comes long before they ask for a trial (they take 1 and 2
+        # whenever trial 0 turns out stale: the check runs before every trial, and the retry is queued after trial 3)
+        test_started = time.monotonic()
+        a, b = worker(url, "news", 2, tmp_path / "a"), worker(url, "news", 2, tmp_path / "b")
+        time.sleep(2)                                  # trial 0's heartbeat has been written: it is visibly alive
+        doomed.send_signal(signal.SIGKILL); doomed.wait()
+        logs = [p.communicate(timeout=400)[0] for p in (a, b)]
+        for p, log in zip((a, b), logs): assert p.returncode == 0, log[-3000:]
+        print(f"two workers, 4 trials: {time.monotonic() - test_started:.0f} s")
+
+        trials = study.get_trials(deepcopy=False)
+        by_state = {s: [t for t in trials if t.state.name == s] for s in {t.state.name for t in trials}}
+        print({s: [t.number for t in ts] for s, ts in by_state.items()})
+        # nothing left RUNNING (the killed worker's trial included) or waiting
+        assert set(by_state) <= {"COMPLETE", "PRUNED", "FAIL"}, by_state
+        assert len(by_state.get("COMPLETE", [])) + len(by_state.get("PRUNED", [])) >= 4
+        # the killed worker's trial was failed by a heartbeat check, and its retry ran to the end
+        assert [t.number for t in by_state["FAIL"]] == [0]
+        retries = [t for t in trials if t.system_attrs.get("failed_trial") == 0]
+        assert len(retries) == 1 and retries[0].state.name == "COMPLETE", retries
+        # the poor trial was pruned after 1 of its 2 epochs, below every finished trial
+        poor = [t for t in trials if t.params.get("lr") == POOR["lr"]]
+        assert len(poor) == 1 and poor[0].state.name == "PRUNED", poor
+        assert sorted(poor[0].intermediate_values) == [1]
+        assert all(poor[0].intermediate_values[1] < t.value for t in by_state["COMPLETE"])
+        # both workers took part, each running its own trials
+        assert all(log.count("] trial ") == 2 for log in logs), logs
+        summary = study_summary(study)
+        assert summary["best"]["value"] == max(t.value for t in by_state["COMPLETE"])
+        assert summary["states"]["PRUNED"] >= 1 and "RUNNING" not in summary["states"]
+    # the server is stopped when the block ends: the same URL is now refused, in one line that names it
+    with pytest.raises(StorageError, match="cannot open the study storage postgresql"):
+        open_storage(url)
