@@ -37,7 +37,7 @@ for nb in nbs/[0-9]*.ipynb; do
   [ "$name" = 07_benchmarks.ipynb ] && extra=(-p steps 2 -p warmup 1 -p batch_size 8 -p trainer_samples 32 -p repeats 1
     -y "serving_clients: [4]" -p serving_requests 16 -p out_dir "$out/results")
   start=$SECONDS
-  (cd nbs && "${kaggle_env[@]}" ../$BIN/papermill --log-level WARNING -p profile kaggle "${extra[@]}" "$name" "$out/$name")
+  (cd nbs && "${kaggle_env[@]}" ../$BIN/papermill --no-progress-bar --log-level WARNING -p profile kaggle "${extra[@]}" "$name" "$out/$name")
   echo "$name (kaggle rehearsal): $((SECONDS - start)) s"
 done
 
