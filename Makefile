@@ -1,6 +1,7 @@
 # The two commands of the README. Both create (or reuse) .venv and install what they need.
 #   make main   train with DDP on the `cpu` profile (2 CPU workers, or every GPU), evaluate on the real test set,
 #               save a resumable checkpoint in runs/cpu/checkpoint, then serve it on http://127.0.0.1:7860
+#   make course execute the notebooks on the `cpu` profile and write their outputs back into nbs/ (about 53 min on 2 cores)
 #   make test   every test: exported package in sync, nbdev_test (profile=smoke), the Kaggle rehearsal (papermill,
 #               profile=kaggle), pytest
 PY ?= python3
@@ -16,7 +17,7 @@ endif
 OFFLINE ?= $(if $(DISTRINEWS_DATA_DIR),1,)
 OFFLINE_ENV := $(if $(filter 1,$(OFFLINE)),HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1,)
 
-.PHONY: main test venv readme docs
+.PHONY: main test venv readme docs course
 venv: $(VENV)/.installed
 $(VENV)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +34,11 @@ main: venv
 
 test: venv
 	bash tests/run_tests.sh
+
+# Execute every numbered notebook on the profile it is about and write the outputs back (what readers see on GitHub).
+# NOTEBOOKS="03 04" runs some of them. See tools/course.py.
+course: venv
+	PATH="$(abspath $(BIN)):$$PATH" $(OFFLINE_ENV) $(BIN)/python tools/course.py $(NOTEBOOKS)
 
 # README.md is rendered from nbs/index.ipynb (nbdev_readme needs Quarto, which this machine cannot install).
 # The index links notebooks as the docs site sees them (`01_model.ipynb`); on GitHub they live in nbs/.

@@ -86,8 +86,8 @@ def chart_serving(rows: list, path: Path):
 
 def chart_accuracy(rows: list, path: Path):
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 2.4))
-    names = [f"{r['profile']} ({r['mode']})" for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.6 * len(rows)))
+    names = [f"{r['profile']}\n{r['mode']}" for r in rows]    # two lines: long names leave no room for the bars
     vals = [100 * r["accuracy"] for r in rows]
     ax.barh(names, vals, color="#3b7dd8")
     ax.axvline(100 * TARGETS["accuracy"], color="grey", ls="--", label=f"target {100 * TARGETS['accuracy']:.1f} %")

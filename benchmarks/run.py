@@ -5,10 +5,13 @@ notebook in benchmarks/runs/, then render benchmarks/README.md and the PNG chart
     .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench                          # tiny parameters, ~2 min (the tests run this)
     .venv/bin/python benchmarks/run.py --only serving                                    # one row of the matrix
 """
-import argparse, json, re, sys, tempfile
+import argparse, sys, tempfile
 from pathlib import Path
 
 import papermill as pm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from course import tidy   # one way to make an executed notebook fit to commit, shared with `make course`
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE.parent / "nbs" / "07_benchmarks.ipynb"
@@ -28,21 +31,6 @@ SMOKE = {
     "smoke": dict(profile="smoke", measure="trainer,ddp,accuracy,serving,gpu", world_sizes=[1, 2], steps=2, warmup=1,
                   batch_size=8, trainer_samples=32, serving_clients=[4], serving_requests=16),
 }
-
-
-def tidy(path: Path, root: Path):
-    """Make an executed notebook fit to read and commit: folder paths of this machine become relative to the repository
-    (parameters and metadata included), and progress bars keep only their final frame."""
-    text = path.read_text().replace(str(root) + "/", "").replace(str(root), ".")
-    text = re.sub(r'"/tmp/[^"\\]*', '"<scratch folder>', text)
-    nb = json.loads(text)
-    for cell in nb["cells"]:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream":
-                lines = "".join(out["text"]).split("\n")
-                kept = [line.rsplit("\r", 1)[-1] for line in lines]
-                out["text"] = [line + "\n" for line in kept[:-1]] + ([kept[-1]] if kept[-1] else [])
-    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
 def main(argv=None):

@@ -27,8 +27,8 @@ from .data import build_dataloaders, data_source, loader_options
 __all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'RESUMABLE_CHANGES', 'pick_device', 'native_bf16', 'pick_precision',
            'make_grad_scaler', 'training_attention', 'use_training_attention', 'seed_everything', 'rng_state',
            'set_rng_state', 'atomic_directory', 'write_json_atomic', 'CheckpointError', 'find_checkpoint',
-           'save_checkpoint', 'load_training_state', 'check_resumable', 'make_optimizer', 'make_scheduler',
-           'scaled_optimizer_step', 'Trainer', 'make_trainer', 'plot_history', 'run_training']
+           'no_weights_progress_bar', 'save_checkpoint', 'load_training_state', 'check_resumable', 'make_optimizer',
+           'make_scheduler', 'scaled_optimizer_step', 'Trainer', 'make_trainer', 'plot_history', 'run_training']
 
 # %% ../nbs/03_single_gpu.ipynb #dcb45a81
 def pick_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -144,9 +144,18 @@ def find_checkpoint(path: str | os.PathLike) -> Path | None:
     leftovers = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
     return leftovers[-1] if leftovers else None
 
+@contextlib.contextmanager
+def no_weights_progress_bar():
+    "Hide the progress bar transformers draws for every `save_pretrained`: a training log shows one line per epoch."
+    from transformers.utils import logging as hf_logging
+    if not hf_logging.is_progress_bar_enabled(): yield; return
+    hf_logging.disable_progress_bar()
+    try: yield
+    finally: hf_logging.enable_progress_bar()
+
 def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None):
     "Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically."
-    with atomic_directory(path) as tmp:
+    with atomic_directory(path) as tmp, no_weights_progress_bar():
         model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
         (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
         if state is not None: torch.save(state, tmp / STATE_FILE)
