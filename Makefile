@@ -1,7 +1,7 @@
 # The two commands of the README. Both create (or reuse) .venv and install what they need.
 #   make main   train with DDP on the `cpu` profile (2 CPU workers, or every GPU), evaluate on the real test set,
 #               save a resumable checkpoint in runs/cpu/checkpoint, then serve it on http://127.0.0.1:7860
-#   make course execute the notebooks on the `cpu` profile and write their outputs back into nbs/ (about 53 min on 2 cores)
+#   make course execute the notebooks on the `cpu` profile and write their outputs back into nbs/ (about 54 min on 2 cores)
 #   make test   every test: exported package in sync, nbdev_test (profile=smoke), the Kaggle rehearsal (papermill,
 #               profile=kaggle), pytest
 PY ?= python3

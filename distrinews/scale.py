@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -41,6 +42,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, quiet: bo
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "300")
     if not ray.is_initialized():
         local = dict(num_cpus=num_cpus, include_dashboard=False) if address is None else {}
+        # quiet: no worker logs on the driver and none of Ray's INFO lines ("Started a local Ray instance", ...)
+        local["logging_level"] = logging.WARNING if quiet else logging.INFO
         try: ray.init(address=address, log_to_driver=not quiet, **local)
         except Exception as e:    # Ray gives a new local node 30 s to register: on a busy machine, once more
             if address is not None or "timed out during startup" not in str(e): raise
