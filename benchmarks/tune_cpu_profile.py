@@ -39,17 +39,26 @@ def main(argv=None):
     p.add_argument("--sampler-seed", type=int, help="the sampler's seed (give each process its own)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tuning_cpu.json")
     p.add_argument("--no-write", action="store_true", help="run trials only (the other workers of a shared study)")
+    p.add_argument("--baseline", action="store_true",
+                   help="queue today's `cpu` settings as a trial first, so the study measures them on the same rows")
+    p.add_argument("--enqueue", type=json.loads, action="append", default=[], metavar="JSON",
+                   help='queue settings to try before the sampler\'s own, e.g. \'{"lr": 2e-4, "label_smoothing": 0.1}\'')
     args = p.parse_args(argv)
     if args.device == "cpu": os.environ["CUDA_VISIBLE_DEVICES"] = ""     # before torch looks for GPUs
     import torch
     if args.device == "cuda" and not torch.cuda.is_available(): sys.exit("--device cuda: no CUDA GPU is visible here.")
     sys.path.insert(0, str(ROOT))
     from distrinews.model import get_config
-    from distrinews.scale import StorageError, open_storage, open_study, study_summary, tune_worker
+    from distrinews.scale import SEARCHED, StorageError, open_storage, open_study, study_summary, tune_worker
 
     base = get_config("cpu", validation_size=args.validation_size, output_dir=str(ROOT / "runs" / "tuning_cpu"))
     started = time.perf_counter()
     try:
+        if args.baseline:
+            today = {k: getattr(base, k) for k in SEARCHED}
+            open_study(open_storage(args.storage), args.study, args.startup_trials).enqueue_trial(today, skip_if_exists=True)
+        for settings in args.enqueue:   # settings worth trying first (missing ones are sampled)
+            open_study(open_storage(args.storage), args.study, args.startup_trials).enqueue_trial(settings, skip_if_exists=True)
         if args.trials:
             study = tune_worker(args.storage, args.study, args.trials, base, args.max_epochs, args.startup_trials,
                                 seed=args.sampler_seed)

@@ -52,6 +52,7 @@ class RunConfig:
     grad_accum: int = 1                 # micro-batches per optimizer step
     max_grad_norm: float = 1.0
     label_smoothing: float = 0.0        # spread this much target probability over the other classes (regularizes)
+    layer_lr_decay: float = 1.0         # each layer below the head learns this factor slower than the one above (1: all alike)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"   # auto: bf16 where native, fp16 on older GPUs, else fp32
     seed: int = 42
     output_dir: str = "runs/cpu"
@@ -68,6 +69,8 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{f.name}={getattr(self, f.name)!r} is not one of {allowed}.")
         for name in ("batch_size", "eval_batch_size", "epochs", "grad_accum", "max_length"):
             if getattr(self, name) < 1: raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        if not 0 < self.layer_lr_decay <= 1:
+            raise ValueError(f"RunConfig.layer_lr_decay must be in (0, 1], got {self.layer_lr_decay} (1 = one learning rate for all layers).")
         if self.eval_split == "validation" and self.validation_size < 1:
             raise ValueError("eval_split='validation' needs validation_size >= 1 (training rows to hold out).")
 

@@ -112,7 +112,7 @@ def train_with_ray(cfg: RunConfig, num_workers: int = 2, use_gpu: bool | None = 
     return trainer.fit()
 
 # %% ../nbs/11_scale_out.ipynb #c3c76652
-SEARCHED = ("lr", "warmup_ratio", "batch_size", "weight_decay", "label_smoothing", "epochs")
+SEARCHED = ("lr", "warmup_ratio", "batch_size", "weight_decay", "label_smoothing", "layer_lr_decay", "epochs")
 
 def suggest_settings(trial, max_epochs: int = 3) -> dict:
     "The settings one trial tries (works with an Optuna trial, and inside Ray Tune's `OptunaSearch`)."
@@ -121,6 +121,7 @@ def suggest_settings(trial, max_epochs: int = 3) -> dict:
                 batch_size=trial.suggest_categorical("batch_size", [16, 32, 64]),
                 weight_decay=trial.suggest_float("weight_decay", 0.0, 0.1),
                 label_smoothing=trial.suggest_float("label_smoothing", 0.0, 0.2),
+                layer_lr_decay=trial.suggest_float("layer_lr_decay", 0.6, 1.0),
                 epochs=trial.suggest_int("epochs", 1, max_epochs))
 
 def trial_config(base: RunConfig, settings: dict, name: str) -> RunConfig:
@@ -272,13 +273,14 @@ def study_summary(study) -> dict:
 def trials_table(summary: dict) -> str:
     "A Markdown table of the trials, best first."
     order = sorted(summary["trials"], key=lambda t: (t["state"] != "COMPLETE", -(t["value"] or 0)))
-    rows = ["| trial | state | lr | warm-up | batch | weight decay | label smoothing | epochs | validation accuracy per epoch |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| trial | state | lr | warm-up | batch | weight decay | label smoothing | layer lr decay | epochs | validation accuracy per epoch |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for t in order:
         p = t["params"]
         curve = " → ".join(f"{a:.1%}" for a in t["val_accuracy"]) or "–"
         rows.append(f"| {t['number']} | {t['state'].lower()} | {p.get('lr', float('nan')):.1e} | {p.get('warmup_ratio', 0):.2f} "
                     f"| {p.get('batch_size', '')} | {p.get('weight_decay', 0):.3f} | {p.get('label_smoothing', 0):.2f} "
+                    f"| {p.get('layer_lr_decay', 1.0):.2f} "
                     f"| {p.get('epochs', '')} | {curve} |")
     return "\n".join(rows)
 

@@ -23,7 +23,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFL
 # tiny trials: 96 training rows + 32 held out for validation, short texts, one thread per worker
 TINY = ["--profile", "smoke", "--train-size", "128", "--validation-size", "32", "--max-length", "32",
         "--eval-batch-size", "32", "--num-threads", "1"]
-GOOD = dict(lr=3e-4, warmup_ratio=0.0, batch_size=16, weight_decay=0.01, label_smoothing=0.0, epochs=1)
+GOOD = dict(lr=3e-4, warmup_ratio=0.0, batch_size=16, weight_decay=0.01, label_smoothing=0.0, layer_lr_decay=1.0, epochs=1)
 POOR = dict(GOOD, lr=1e-7, epochs=2)          # learns nothing: chance-level accuracy after its first epoch
 
 
