@@ -254,6 +254,8 @@ def param_importances(study) -> dict:
     try: import sklearn  # noqa: F401   (fANOVA, Optuna's default, fits scikit-learn's random forests)
     except ImportError: evaluator = optuna.importance.PedAnovaImportanceEvaluator()
     else: evaluator = None
+    if sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) < 2:
+        return {}                                 # one finished trial explains nothing: no shares rather than equal ones
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")           # with few trials the evaluators warn that the shares are rough
         try: return optuna.importance.get_param_importances(study, evaluator=evaluator)
