@@ -54,11 +54,10 @@ def main(argv=None):
     base = get_config("cpu", validation_size=args.validation_size, output_dir=str(ROOT / "runs" / "tuning_cpu"))
     started = time.perf_counter()
     try:
-        if args.baseline:
-            today = {k: getattr(base, k) for k in SEARCHED}
-            open_study(open_storage(args.storage), args.study, args.startup_trials).enqueue_trial(today, skip_if_exists=True)
-        for settings in args.enqueue:   # settings worth trying first (missing ones are sampled)
-            open_study(open_storage(args.storage), args.study, args.startup_trials).enqueue_trial(settings, skip_if_exists=True)
+        queued = ([{k: getattr(base, k) for k in SEARCHED}] if args.baseline else []) + args.enqueue
+        if queued:   # tried before the sampler's own suggestions (settings left out are sampled)
+            study = open_study(open_storage(args.storage), args.study, args.startup_trials)
+            for settings in queued: study.enqueue_trial(settings, skip_if_exists=True)
         if args.trials:
             study = tune_worker(args.storage, args.study, args.trials, base, args.max_epochs, args.startup_trials,
                                 seed=args.sampler_seed)
