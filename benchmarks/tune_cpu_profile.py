@@ -35,6 +35,8 @@ def main(argv=None):
     p.add_argument("--validation-size", type=int, default=1000)
     p.add_argument("--max-epochs", type=int, default=3)
     p.add_argument("--startup-trials", type=int, default=4, help="finished trials before the pruner stops any")
+    p.add_argument("--warmup-epochs", type=int, default=1,
+                   help="epochs every trial runs before it may be pruned (1: judged from epoch 2 on; slow starters can win)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--sampler-seed", type=int, help="the sampler's seed (give each process its own)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tuning_cpu.json")
@@ -56,13 +58,13 @@ def main(argv=None):
     try:
         queued = ([{k: getattr(base, k) for k in SEARCHED}] if args.baseline else []) + args.enqueue
         if queued:   # tried before the sampler's own suggestions (settings left out are sampled)
-            study = open_study(open_storage(args.storage), args.study, args.startup_trials)
+            study = open_study(open_storage(args.storage), args.study, args.startup_trials, warmup_epochs=args.warmup_epochs)
             for settings in queued: study.enqueue_trial(settings, skip_if_exists=True)
         if args.trials:
             study = tune_worker(args.storage, args.study, args.trials, base, args.max_epochs, args.startup_trials,
-                                seed=args.sampler_seed)
+                                seed=args.sampler_seed, warmup_epochs=args.warmup_epochs)
         else:
-            study = open_study(open_storage(args.storage), args.study, args.startup_trials)
+            study = open_study(open_storage(args.storage), args.study, args.startup_trials, warmup_epochs=args.warmup_epochs)
     except StorageError as e:
         sys.exit(f"tune_cpu_profile.py: error: {e}")
     if args.no_write: return
@@ -70,7 +72,7 @@ def main(argv=None):
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
     summary.update(
         profile="cpu", model=base.model_name, train_rows=base.train_size, validation_rows=args.validation_size,
-        max_epochs=args.max_epochs, eval_split="validation", pruner=f"median (after {args.startup_trials} finished trials)",
+        max_epochs=args.max_epochs, eval_split="validation", pruner=f"median (after {args.startup_trials} finished trials, from epoch {args.warmup_epochs + 1})",
         machine=f"{platform.machine()}, {device}, torch {torch.__version__}", wall_seconds_this_process=round(time.perf_counter() - started),
         written=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     args.out.parent.mkdir(parents=True, exist_ok=True)

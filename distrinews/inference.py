@@ -21,7 +21,7 @@ import torch
 
 from .train import native_bf16, pick_device
 from .model import (LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, ModelNotAvailableError, build_classifier,
-                              load_tokenizer, predict, resolve_model_source)
+                              load_tokenizer, predict, resolve_model_source, use_pooling)
 
 # %% auto #0
 __all__ = ['WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'PROBE_TEXTS', 'make_demo_checkpoint', 'InvalidCheckpointError',
@@ -175,6 +175,7 @@ def load_classifier(path: str | os.PathLike, device: str | torch.device | None =
         path = check_checkpoint_dir(path)
         try:
             model = AutoModelForSequenceClassification.from_pretrained(path, use_safetensors=True, local_files_only=True)
+            use_pooling(model)   # the head reads what it was trained on (config.distrinews_pooling)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as e:   # corrupt weights, a config for an unknown architecture, ...: one clear line
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]

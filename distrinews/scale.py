@@ -112,7 +112,7 @@ def train_with_ray(cfg: RunConfig, num_workers: int = 2, use_gpu: bool | None = 
     return trainer.fit()
 
 # %% ../nbs/11_scale_out.ipynb #c3c76652
-SEARCHED = ("lr", "warmup_ratio", "batch_size", "weight_decay", "label_smoothing", "layer_lr_decay", "epochs")
+SEARCHED = ("lr", "warmup_ratio", "batch_size", "weight_decay", "label_smoothing", "layer_lr_decay", "pooling", "epochs")
 
 def suggest_settings(trial, max_epochs: int = 3) -> dict:
     "The settings one trial tries (works with an Optuna trial, and inside Ray Tune's `OptunaSearch`)."
@@ -122,6 +122,7 @@ def suggest_settings(trial, max_epochs: int = 3) -> dict:
                 weight_decay=trial.suggest_float("weight_decay", 0.0, 0.1),
                 label_smoothing=trial.suggest_float("label_smoothing", 0.0, 0.2),
                 layer_lr_decay=trial.suggest_float("layer_lr_decay", 0.6, 1.0),
+                pooling=trial.suggest_categorical("pooling", ["cls", "mean"]),
                 epochs=trial.suggest_int("epochs", 1, max_epochs))
 
 def trial_config(base: RunConfig, settings: dict, name: str) -> RunConfig:
@@ -192,26 +193,27 @@ def open_storage(url: str, heartbeat_interval: int | None = 10, grace_period: in
                            "'distrinews[scale]' brings psycopg).") from None
 
 # %% ../nbs/11_scale_out.ipynb #f95751a8
-def make_pruner(startup_trials: int = 2):
-    "The median rule: stop a trial after an epoch whose accuracy is below the median of the finished trials at that epoch."
+def make_pruner(startup_trials: int = 2, warmup_epochs: int = 0):
+    """The median rule: stop a trial after an epoch whose accuracy is below the median of the finished trials at that
+    epoch; never before `startup_trials` trials have finished, nor during a trial's first `warmup_epochs` epochs."""
     import optuna
-    return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=0)
+    return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_epochs)
 
-def open_study(storage, name: str, startup_trials: int = 2, seed: int | None = None):
+def open_study(storage, name: str, startup_trials: int = 2, seed: int | None = None, warmup_epochs: int = 0):
     "Create study `name` in `storage`, or load it if another worker already did."
     import optuna
     return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                               pruner=make_pruner(startup_trials), sampler=optuna.samplers.TPESampler(seed=seed))
+                               pruner=make_pruner(startup_trials, warmup_epochs), sampler=optuna.samplers.TPESampler(seed=seed))
 
 def tune_worker(storage_url: str, study_name: str, trials: int, base: RunConfig, max_epochs: int = 3,
                 startup_trials: int = 2, heartbeat_interval: int = 10, grace_period: int | None = None,
-                seed: int | None = None):
+                seed: int | None = None, warmup_epochs: int = 0):
     "One worker of a distributed search: run `trials` trials of the shared study, then return the study."
     import optuna
     from transformers.utils import logging as hf_logging
     optuna.logging.set_verbosity(optuna.logging.WARNING)        # one line per trial from us, not Optuna's as well
     hf_logging.disable_progress_bar()                            # nor a progress bar for every checkpoint written
-    study = open_study(open_storage(storage_url, heartbeat_interval, grace_period), study_name, startup_trials, seed)
+    study = open_study(open_storage(storage_url, heartbeat_interval, grace_period), study_name, startup_trials, seed, warmup_epochs)
     def said(study, trial): print(f"[worker {os.getpid()}] trial {trial.number}: {trial.state.name} {trial.params}"
                                   f" validation accuracy {trial.user_attrs.get('val_accuracy')}", flush=True)
     try: study.optimize(lambda trial: objective(trial, base, max_epochs), n_trials=trials, callbacks=[said])
@@ -247,15 +249,16 @@ def local_postgres():
         shutil.rmtree(folder, ignore_errors=True)
 
 # %% ../nbs/11_scale_out.ipynb #6b2f6b2e
-def param_importances(study) -> dict:
-    "How much each setting explains the results (fANOVA with scikit-learn, else PED-ANOVA); {} with too few trials."
+def param_importances(study, min_trials: int = 4) -> dict:
+    """How much each setting explains the results (fANOVA with scikit-learn, else PED-ANOVA); {} with fewer than
+    `min_trials` finished trials: a forest fitted to two or three points gives shares, but they mean nothing."""
     import warnings
     import optuna
     try: import sklearn  # noqa: F401   (fANOVA, Optuna's default, fits scikit-learn's random forests)
     except ImportError: evaluator = optuna.importance.PedAnovaImportanceEvaluator()
     else: evaluator = None
-    if sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) < 2:
-        return {}                                 # one finished trial explains nothing: no shares rather than equal ones
+    if sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) < min_trials:
+        return {}                                 # no shares rather than made-up ones
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")           # with few trials the evaluators warn that the shares are rough
         try: return optuna.importance.get_param_importances(study, evaluator=evaluator)
@@ -275,14 +278,14 @@ def study_summary(study) -> dict:
 def trials_table(summary: dict) -> str:
     "A Markdown table of the trials, best first."
     order = sorted(summary["trials"], key=lambda t: (t["state"] != "COMPLETE", -(t["value"] or 0)))
-    rows = ["| trial | state | lr | warm-up | batch | weight decay | label smoothing | layer lr decay | epochs | validation accuracy per epoch |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| trial | state | lr | warm-up | batch | weight decay | label smoothing | layer lr decay | pooling | epochs | validation accuracy per epoch |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for t in order:
         p = t["params"]
         curve = " → ".join(f"{a:.1%}" for a in t["val_accuracy"]) or "–"
         rows.append(f"| {t['number']} | {t['state'].lower()} | {p.get('lr', float('nan')):.1e} | {p.get('warmup_ratio', 0):.2f} "
                     f"| {p.get('batch_size', '')} | {p.get('weight_decay', 0):.3f} | {p.get('label_smoothing', 0):.2f} "
-                    f"| {p.get('layer_lr_decay', 1.0):.2f} "
+                    f"| {p.get('layer_lr_decay', 1.0):.2f} | {p.get('pooling', 'cls')} "
                     f"| {p.get('epochs', '')} | {curve} |")
     return "\n".join(rows)
 
@@ -306,6 +309,7 @@ def plot_study(summary: dict, path: str | os.PathLike | None = None):
     for ax in (ax1, ax2): ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # trials and epochs are counts
     names = sorted(summary["importances"], key=summary["importances"].get)
     ax3.barh(names, [summary["importances"][n] for n in names]); ax3.set(title="Importance of each setting", xlabel="share")
+    if not names: ax3.text(0.5, 0.5, "too few finished trials\nto tell (fewer than 4)", ha="center", va="center", color="grey")
     fig.tight_layout()
     if path: fig.savefig(path, dpi=100)
     return fig
@@ -354,6 +358,7 @@ def main(argv=None):
     w.add_argument("--trials", type=int, default=10, help="trials this worker runs")
     w.add_argument("--max-epochs", type=int, default=3, help="most epochs a trial may train")
     w.add_argument("--startup-trials", type=int, default=2, help="finished trials before the pruner stops any")
+    w.add_argument("--warmup-epochs", type=int, default=0, help="epochs every trial runs before it may be pruned")
     w.add_argument("--heartbeat", type=int, default=10, help="seconds between a running trial's heartbeats")
     w.add_argument("--grace", type=int, help="seconds without a heartbeat before a trial counts as dead (default 2 x heartbeat)")
     w.add_argument("--sampler-seed", type=int, help="the sampler's seed (give each worker its own; --seed is the training seed)")
@@ -369,7 +374,7 @@ def main(argv=None):
         cfg = config_from_args(args)
         if args.command == "tune-worker":
             study = tune_worker(args.storage, args.study, args.trials, cfg, args.max_epochs, args.startup_trials,
-                                args.heartbeat, args.grace, args.sampler_seed)
+                                args.heartbeat, args.grace, args.sampler_seed, args.warmup_epochs)
             done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
             if done: print(f"best so far: trial {study.best_trial.number}, {study.best_value:.2%}, {study.best_params}")
         else:

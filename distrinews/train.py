@@ -395,7 +395,7 @@ def make_trainer(cfg: RunConfig, resume: bool = False, dist_info=None, log=print
     checkpoint = find_checkpoint(Path(cfg.output_dir) / "checkpoint") if resume else None
     if checkpoint is not None: load_training_state(checkpoint)      # fail early on a folder that is not a checkpoint
     tokenizer = load_tokenizer(checkpoint or cfg.model_name)
-    model = build_classifier(checkpoint or cfg.model_name, seed=cfg.seed, dropout=cfg.dropout)
+    model = build_classifier(checkpoint or cfg.model_name, seed=cfg.seed, dropout=cfg.dropout, pooling=cfg.pooling)
     shard = dict(num_replicas=dist_info.world_size, rank=dist_info.rank) if dist_info is not None else {}
     loaders = build_dataloaders(cfg, tokenizer, **shard, **loader_options(device, pick_precision(cfg.precision, device)))
     if dist_info is None: trainer = Trainer(cfg, model, tokenizer, *loaders, device=device, log=log, progress=progress)
