@@ -206,7 +206,7 @@ def resolve_model_source(name: str | os.PathLike) -> str:
                 f"{RANDOM_DISTILBERT!r} for DistilBERT's shape with random weights, or a local model folder.")
     return name
 
-# %% ../nbs/01_model.ipynb #5c43d833
+# %% ../nbs/01_model.ipynb #bb1e6d68
 POOLINGS = ("cls", "mean")
 
 def use_pooling(model, pooling: str | None = None):
