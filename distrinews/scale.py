@@ -265,15 +265,16 @@ def param_importances(study, min_trials: int = 4) -> dict:
         except (ValueError, RuntimeError): return {}   # fewer than two finished trials, or all with the same value
 
 def study_summary(study) -> dict:
-    "Every trial of `study` and the best one, as plain JSON."
+    "Every trial of `study` and the best one, as plain JSON, with the notes recorded on the study and its trials."
     trials = [dict(number=t.number, state=t.state.name, params=t.params, value=t.value,
                    val_accuracy=[t.intermediate_values[k] for k in sorted(t.intermediate_values)],
                    seconds=t.duration.total_seconds() if t.duration else None,
-                   retry_of=t.system_attrs.get("failed_trial")) for t in study.get_trials(deepcopy=False)]
+                   retry_of=t.system_attrs.get("failed_trial"), recorded=t.user_attrs.get("recorded"))   # a trial added by hand says how
+              for t in study.get_trials(deepcopy=False)]
     done = [t for t in trials if t["state"] == "COMPLETE"]
     return dict(study=study.study_name, trials=trials, best=max(done, key=lambda t: t["value"]) if done else None,
                 states={s: sum(t["state"] == s for t in trials) for s in sorted({t["state"] for t in trials})},
-                importances={k: float(v) for k, v in param_importances(study).items()})
+                importances={k: float(v) for k, v in param_importances(study).items()}, notes=dict(study.user_attrs))
 
 def trials_table(summary: dict) -> str:
     "A Markdown table of the trials, best first."
