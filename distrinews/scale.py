@@ -309,8 +309,9 @@ def plot_study(summary: dict, path: str | os.PathLike | None = None):
     from matplotlib.ticker import MaxNLocator
     for ax in (ax1, ax2): ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # trials and epochs are counts
     names = sorted(summary["importances"], key=summary["importances"].get)
-    ax3.barh(names, [summary["importances"][n] for n in names]); ax3.set(title="Importance of each setting", xlabel="share")
-    if not names: ax3.text(0.5, 0.5, "too few finished trials\nto tell (fewer than 4)", ha="center", va="center", color="grey")
+    if names: ax3.barh(names, [summary["importances"][n] for n in names]); ax3.set(xlabel="share")
+    else: ax3.set_axis_off(); ax3.text(0.5, 0.5, "too few finished trials\nto tell (fewer than 4)", ha="center", va="center", color="grey")
+    ax3.set_title("Importance of each setting")
     fig.tight_layout()
     if path: fig.savefig(path, dpi=100)
     return fig
