@@ -40,6 +40,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, quiet: bo
     # starting a worker group means starting Python processes that import torch: on a small, busy machine that can
     # take longer than Ray's default minute
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "300")
+    if quiet:   # Ray's notice that a new local cluster uses token authentication (its default, and what we want)
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if not ray.is_initialized():
         local = dict(num_cpus=num_cpus, include_dashboard=False) if address is None else {}
         # quiet: no worker logs on the driver and none of Ray's INFO lines ("Started a local Ray instance", ...)
