@@ -16,15 +16,20 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg")
-from distrinews.scale import StorageError, _postgres_bin, local_postgres, open_storage, open_study, study_summary
+from distrinews.scale import (SEARCHED, StorageError, _postgres_bin, local_postgres, open_storage, open_study,
+                              study_summary)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 # tiny trials: 96 training rows + 32 held out for validation, short texts, one thread per worker
 TINY = ["--profile", "smoke", "--train-size", "128", "--validation-size", "32", "--max-length", "32",
         "--eval-batch-size", "32", "--num-threads", "1"]
-GOOD = dict(lr=3e-4, warmup_ratio=0.0, batch_size=16, weight_decay=0.01, label_smoothing=0.0, layer_lr_decay=1.0, epochs=1)
+# every searched setting is fixed, so the three GOOD trials (and the retry) train exactly the same thing; a setting
+# left out would be sampled per trial, and a retry that drew another pooling could be pruned against the others
+GOOD = dict(lr=3e-4, warmup_ratio=0.0, batch_size=16, weight_decay=0.01, label_smoothing=0.0, layer_lr_decay=1.0,
+            pooling="cls", epochs=1)
 POOR = dict(GOOD, lr=1e-7, epochs=2)          # learns nothing: chance-level accuracy after its first epoch
+assert set(GOOD) == set(SEARCHED), f"fix every searched setting in GOOD: {set(SEARCHED) ^ set(GOOD)}"
 
 
 def have_postgres():
