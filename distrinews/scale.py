@@ -253,14 +253,17 @@ def local_postgres():
 # %% ../nbs/11_scale_out.ipynb #6b2f6b2e
 def param_importances(study, min_trials: int = 4) -> dict:
     """How much each setting explains the results (fANOVA with scikit-learn, else PED-ANOVA); {} with fewer than
-    `min_trials` finished trials: a forest fitted to two or three points gives shares, but they mean nothing."""
+    `min_trials` finished trials, or with no more finished trials than settings that vary among them: then many splits
+    of the credit fit the results equally well, and a forest fitted to them gives shares that mean nothing."""
     import warnings
     import optuna
     try: import sklearn  # noqa: F401   (fANOVA, Optuna's default, fits scikit-learn's random forests)
     except ImportError: evaluator = optuna.importance.PedAnovaImportanceEvaluator()
     else: evaluator = None
-    if sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) < min_trials:
-        return {}                                 # no shares rather than made-up ones
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+    varied = {k for t in done for k in t.params if len({repr(u.params.get(k)) for u in done}) > 1}
+    if len(done) < max(min_trials, len(varied) + 1):
+        return {}                                 # fewer results than unknowns: no shares rather than made-up ones
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")           # with few trials the evaluators warn that the shares are rough
         try: return optuna.importance.get_param_importances(study, evaluator=evaluator)
@@ -285,7 +288,7 @@ def trials_table(summary: dict) -> str:
             "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for t in order:
         p = t["params"]
-        curve = " → ".join(f"{a:.1%}" for a in t["val_accuracy"]) or "–"
+        curve = " → ".join(f"{a:.2%}" for a in t["val_accuracy"]) or "–"   # 2,000 rows: steps of 0.05 %
         rows.append(f"| {t['number']} | {t['state'].lower()} | {p.get('lr', float('nan')):.1e} | {p.get('warmup_ratio', 0):.2f} "
                     f"| {p.get('batch_size', '')} | {p.get('weight_decay', 0):.3f} | {p.get('label_smoothing', 0):.2f} "
                     f"| {p.get('layer_lr_decay', 1.0):.2f} | {p.get('pooling', 'cls')} "
@@ -305,14 +308,17 @@ def plot_study(summary: dict, path: str | os.PathLike | None = None):
         elif t["val_accuracy"]: ax1.plot(t["number"], 100 * t["val_accuracy"][-1], "x", color="C7")
         if t["val_accuracy"]:
             ax2.plot(range(1, len(t["val_accuracy"]) + 1), [100 * a for a in t["val_accuracy"]],
-                     "-" if t["state"] == "COMPLETE" else ":", marker=".", alpha=.7)
+                     "-" if t["state"] == "COMPLETE" else ":", marker=".", alpha=.7,
+                     label=f"trial {t['number']}" if t["state"] == "COMPLETE" else None)
     ax1.set(xlabel="trial", ylabel="validation accuracy (%)", title="History (o finished, x pruned, — best so far)")
     ax2.set(xlabel="epoch", ylabel="validation accuracy (%)", title="Each trial's curve (dotted: pruned)")
+    if 0 < len(ax2.get_legend_handles_labels()[1]) <= 10: ax2.legend(fontsize=8)   # which finished trial is which
     from matplotlib.ticker import MaxNLocator
     for ax in (ax1, ax2): ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # trials and epochs are counts
     names = sorted(summary["importances"], key=summary["importances"].get)
     if names: ax3.barh(names, [summary["importances"][n] for n in names]); ax3.set(xlabel="share")
-    else: ax3.set_axis_off(); ax3.text(0.5, 0.5, "too few finished trials\nto tell (fewer than 4)", ha="center", va="center", color="grey")
+    else: ax3.set_axis_off(); ax3.text(0.5, 0.5, "too few finished trials to tell:\nat least 4, and more than\nthe settings that vary", ha="center",
+                                        va="center", color="grey")
     ax3.set_title("Importance of each setting")
     fig.tight_layout()
     if path: fig.savefig(path, dpi=100)
