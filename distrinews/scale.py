@@ -317,8 +317,10 @@ def plot_study(summary: dict, path: str | os.PathLike | None = None):
     for ax in (ax1, ax2): ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # trials and epochs are counts
     names = sorted(summary["importances"], key=summary["importances"].get)
     if names: ax3.barh(names, [summary["importances"][n] for n in names]); ax3.set(xlabel="share")
-    else: ax3.set_axis_off(); ax3.text(0.5, 0.5, "too few finished trials to tell:\nat least 4, and more than\nthe settings that vary", ha="center",
-                                        va="center", color="grey")
+    else:
+        ax3.set_axis_off()
+        ax3.text(0.5, 0.5, "too few finished trials to tell:\nat least 4, and more than\nthe settings that vary",
+                 ha="center", va="center", color="grey")
     ax3.set_title("Importance of each setting")
     fig.tight_layout()
     if path: fig.savefig(path, dpi=100)
