@@ -199,7 +199,9 @@ def make_pruner(startup_trials: int = 2, warmup_epochs: int = 0):
     """The median rule: stop a trial after an epoch whose accuracy is below the median of the finished trials at that
     epoch; never before `startup_trials` trials have finished, nor during a trial's first `warmup_epochs` epochs."""
     import optuna
-    return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_epochs)
+    # trials report epoch e as step e (1, 2, 3...) and Optuna judges every step >= n_warmup_steps: epochs
+    # 1..warmup_epochs are spared only with n_warmup_steps = warmup_epochs + 1
+    return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_epochs + 1)
 
 def open_study(storage, name: str, startup_trials: int = 2, seed: int | None = None, warmup_epochs: int = 0):
     "Create study `name` in `storage`, or load it if another worker already did."
