@@ -29,8 +29,8 @@ __all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'RESUMABLE_CHANGES', 
            'make_grad_scaler', 'training_attention', 'use_training_attention', 'seed_everything', 'rng_state',
            'set_rng_state', 'atomic_directory', 'write_json_atomic', 'CheckpointError', 'find_checkpoint',
            'no_weights_progress_bar', 'save_checkpoint', 'load_training_state', 'check_resumable', 'layer_depth',
-           'make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'Trainer', 'make_trainer', 'plot_history',
-           'run_training']
+           'make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'make_weight_average', 'Trainer',
+           'make_trainer', 'plot_history', 'run_training']
 
 # %% ../nbs/03_single_gpu.ipynb #dcb45a81
 def pick_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -220,6 +220,15 @@ def scaled_optimizer_step(optimizer, scaler: torch.amp.GradScaler, parameters, m
     scaler.step(optimizer); scaler.update()
     return scale is None or scaler.get_scale() >= scale
 
+# %% ../nbs/03_single_gpu.ipynb #7ea3200c
+def make_weight_average(model, decay: float):
+    """An exponential moving average of `model`'s parameters (torch's `AveragedModel`): `update_parameters(model)` after
+    each optimizer step; its `.module` is the averaged model. None when `decay` is 0. Buffers are not averaged: an
+    encoder's are constants (position ids), and a weighted mean of integers would round them."""
+    if not decay: return None
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
+
 # %% ../nbs/03_single_gpu.ipynb #73266304
 class Trainer:
     "A small, complete trainer for one process; `DDPTrainer` (notebook 04) makes it distributed."
@@ -231,6 +240,7 @@ class Trainer:
         self.attention = use_training_attention(model, self.device)   # eager on CPUs: SDPA's backward is slow there
         self.model = self._prepare_model(model.to(self.device))
         self.optimizer = make_optimizer(self.unwrapped, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
+        self.ema = make_weight_average(self.unwrapped, cfg.ema_decay)   # None unless cfg.ema_decay > 0
         self.batches_per_epoch = len(train_dl.batch_sampler)      # this process's micro-batches per epoch
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
         self.total_steps = self.steps_per_epoch * cfg.epochs
@@ -251,6 +261,10 @@ class Trainer:
     def world_size(self) -> int: return 1
     @property
     def unwrapped(self): return getattr(self.model, "module", self.model)
+    @property
+    def shipped(self):
+        "The weights we evaluate and save: the moving average when there is one, else the live (trained) weights."
+        return self.unwrapped if self.ema is None else self.ema.module
 
     def log(self, *args):
         if self.is_main: self._log(*args)
@@ -273,6 +287,7 @@ class Trainer:
     def _optimizer_step(self):
         scaled_optimizer_step(self.optimizer, self.scaler, self.model.parameters(), self.cfg.max_grad_norm)
         self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None: self.ema.update_parameters(self.unwrapped)   # every rank: its weights are the same
         self.step += 1
 
     def _run_epoch(self, epoch: int, stop_at_step: int | None = None, on_step_end: Callable | None = None) -> dict:
@@ -313,9 +328,10 @@ class Trainer:
 
     # --- evaluation ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def evaluate(self, loader=None) -> dict:
-        "Loss, accuracy, per-class accuracy and confusion matrix over every item of `loader` (default: the test set)."
-        model = self.unwrapped.eval()          # the bare module: evaluation needs no gradient sync
+    def evaluate(self, loader=None, live: bool = False) -> dict:
+        """Loss, accuracy, per-class accuracy and confusion matrix over every item of `loader` (default: the test set), of
+        the weights we ship (`shipped`), or of the live weights the optimizer steps when `live`."""
+        model = (self.unwrapped if live else self.shipped).eval()   # bare modules: evaluation needs no gradient sync
         loader = loader or self.test_dl
         n = len(LABELS)
         confusion = torch.zeros(n, n, dtype=torch.float64)    # rows: true label, columns: predicted
@@ -337,12 +353,15 @@ class Trainer:
     def _state(self) -> dict:
         return dict(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
                     scaler=self.scaler.state_dict(), epoch=self.epoch, batches_done=self.batches_done, step=self.step,
-                    history=self.history, train_log=self.train_log, rng=rng_state(), world_size=self.world_size)
+                    history=self.history, train_log=self.train_log, rng=rng_state(), world_size=self.world_size,
+                    # with a weight average the folder holds the average (what a server loads), this the weights to train on
+                    **({} if self.ema is None else dict(live_weights=self.unwrapped.state_dict(),
+                                                        averaged_steps=int(self.ema.n_averaged))))
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         "Write a resumable checkpoint (default: `checkpoint_dir`; rank 0 writes, every rank waits until it is complete)."
         path = Path(path or self.checkpoint_dir)
-        if self.is_main: save_checkpoint(path, self.unwrapped, self.tokenizer, self.cfg, self._state())
+        if self.is_main: save_checkpoint(path, self.shipped, self.tokenizer, self.cfg, self._state())
         self._barrier()
         return path
 
@@ -356,6 +375,8 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.batches_done, self.step = state["epoch"], state["batches_done"], state["step"]
         self.history, self.train_log = state["history"], [tuple(x) for x in state["train_log"]]
+        if self.ema is not None:   # the model was built from the folder, i.e. the average; the live weights are here
+            self.unwrapped.load_state_dict(state["live_weights"]); self.ema.n_averaged.fill_(state["averaged_steps"])
         set_rng_state(state["rng"])
         self.log(f"resumed from {path or self.checkpoint_dir}: epoch {self.epoch + 1}, step {self.step}/{self.total_steps}")
 
@@ -377,11 +398,15 @@ class Trainer:
             if self.batches_done:                                     # stopped mid-epoch on purpose (tests, time limits)
                 self.save(); return self.history
             metrics = dict(epoch=self.epoch, step=self.step, **train_metrics, **self.evaluate())
+            if self.ema is not None:     # side by side on the same trajectory: what the average adds
+                metrics.update({f"live_{k}": v for k, v in self.evaluate(live=True).items() if k in ("eval_loss", "accuracy")})
             self.history.append(metrics)
             self.save()
             if self.is_main: write_json_atomic(Path(self.cfg.output_dir) / "metrics.json", self.history)
             self.log(f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f} | eval loss {metrics['eval_loss']:.4f}"
-                     f" | accuracy {metrics['accuracy']:.2%} on {metrics['eval_count']} | {metrics['train_samples_per_s']:.1f} samples/s")
+                     f" | accuracy {metrics['accuracy']:.2%} on {metrics['eval_count']}"
+                     + (f" (live weights {metrics['live_accuracy']:.2%})" if "live_accuracy" in metrics else "")
+                     + f" | {metrics['train_samples_per_s']:.1f} samples/s")
             if on_epoch_end is not None: on_epoch_end(self, metrics)
             if stop_at_step is not None and self.step >= stop_at_step: break
         return self.history
