@@ -8,8 +8,10 @@ paired, not two noisy runs against each other.
     DISTRINEWS_PROFILE=cpu python benchmarks/weight_averaging.py --validation-size 2000    # ~20 min on 2 CPU cores
 
 The rows come from the training split (`--validation-size`, stratified, never trained on): this chooses settings, so the
-test split is not touched. One process with batch 32 takes the optimizer steps of the profile's real job (run_ddp.sh
-with `--global-batch-size 32`: 2 DDP ranks x 16 rows). Results: benchmarks/results/weight_averaging_cpu.json.
+test split is not touched. The one check on the test rows that followed the choice is recorded by hand as `test_check`
+in the JSON (see notebook 11), so write further runs elsewhere with `--out`. One process with batch 32 takes the
+optimizer steps of the profile's real job (run_ddp.sh with `--global-batch-size 32`: 2 DDP ranks x 16 rows).
+Results: benchmarks/results/weight_averaging_cpu.json.
 """
 import argparse
 import json
@@ -26,6 +28,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="cpu", help="smoke: a one-minute check of the script itself")
     p.add_argument("--validation-size", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=42, help="the run's seed: the head, dropout, data order and which rows are held out")
     p.add_argument("--decays", type=float, nargs="+", default=[0.95, 0.98, 0.99, 0.995],
                    help="exponential moving averages to track (1 / (1 - decay) steps is about what each one remembers)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "weight_averaging_cpu.json")
@@ -36,7 +39,7 @@ def main(argv=None):
     from distrinews.model import get_config
     from distrinews.train import make_trainer
 
-    cfg = get_config(args.profile, validation_size=args.validation_size, eval_split="validation",
+    cfg = get_config(args.profile, validation_size=args.validation_size, eval_split="validation", seed=args.seed,
                      output_dir=str(ROOT / "runs" / "weight_averaging"))
     trainer = make_trainer(cfg)
     live = trainer.unwrapped
@@ -76,7 +79,7 @@ def main(argv=None):
 
     started = time.perf_counter()
     trainer.fit(on_epoch_end=compare, on_step_end=update)
-    result = dict(profile=cfg.profile, model=cfg.model_name, validation_rows=args.validation_size,
+    result = dict(profile=cfg.profile, model=cfg.model_name, seed=cfg.seed, validation_rows=args.validation_size,
                   train_rows=cfg.train_size - args.validation_size, epochs=cfg.epochs, effective_batch=cfg.batch_size * cfg.grad_accum,
                   steps=trainer.step, decays=args.decays, per_epoch=epochs, wall_s=round(time.perf_counter() - started, 1),
                   averaging_s=round(seconds_averaging[0], 1),
