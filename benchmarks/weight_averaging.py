@@ -34,17 +34,16 @@ def main(argv=None):
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "weight_averaging_cpu.json")
     args = p.parse_args(argv)
     import torch
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    from torch.optim.swa_utils import AveragedModel
     sys.path.insert(0, str(ROOT))
     from distrinews.model import get_config
-    from distrinews.train import make_trainer
+    from distrinews.train import make_trainer, make_weight_average
 
     cfg = get_config(args.profile, validation_size=args.validation_size, eval_split="validation", seed=args.seed,
                      output_dir=str(ROOT / "runs" / "weight_averaging"))
     trainer = make_trainer(cfg)
     live = trainer.unwrapped
-    # parameters only: the encoders' buffers (position ids) are constants, and an "average" of integers would round them
-    averages = {f"ema {d}": AveragedModel(live, multi_avg_fn=get_ema_multi_avg_fn(d)) for d in args.decays}
+    averages = {f"ema {d}": make_weight_average(live, d) for d in args.decays}   # what `ema_decay` keeps (notebook 03)
     averages["mean of the last epoch"] = AveragedModel(live)     # SWA's equal-weight mean, from the last epoch's first step
     seconds_averaging = [0.0]
 
