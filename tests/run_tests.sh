@@ -27,7 +27,7 @@ step "3/4 Kaggle rehearsal: every notebook with papermill -p profile kaggle, as 
 # MiniLM instead of a distilbert-base-uncased download) and the data (the local CSVs instead of the hub), both through
 # the documented DISTRINEWS_OVERRIDES; tiny sizes so it costs about what the smoke run does. No offline flags: the
 # notebooks must not need them. A hub call that slips in fails at once on a closed local port instead of waiting ~50 s.
-out=$(mktemp -d)
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT   # the executed copies and 07's scratch results
 kaggle_env=(env -u HF_HUB_OFFLINE -u HF_DATASETS_OFFLINE -u DISTRINEWS_PROFILE KAGGLE_KERNEL_RUN_TYPE=Interactive
   HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_ETAG_TIMEOUT=2 HF_HUB_DOWNLOAD_TIMEOUT=2
   DISTRINEWS_OVERRIDES='{"model_name": "sentence-transformers/all-MiniLM-L6-v2", "data_source": "local", "train_size": 512, "test_size": 256, "max_length": 64, "eval_batch_size": 64}')
@@ -47,4 +47,5 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >/dev/null \
     || echo "could not install chromium: the browser test will be skipped"
 fi
-$BIN/python -m pytest -q tests
+# tmp_path folders of passed tests are deleted (checkpoints: ~4 GB a run); a failed test keeps its own to look into
+$BIN/python -m pytest -q -o tmp_path_retention_policy=failed tests
