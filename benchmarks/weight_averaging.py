@@ -6,6 +6,8 @@ live model and every average on the same trajectory, the same held-out rows and 
 paired, not two noisy runs against each other.
 
     DISTRINEWS_PROFILE=cpu python benchmarks/weight_averaging.py --validation-size 2000    # ~20 min on 2 CPU cores
+    # other settings, another seed (another held-out draw), written elsewhere: the JSON records the settings it ran
+    DISTRINEWS_OVERRIDES='{"lr": 1.5e-4, "label_smoothing": 0.1}' python benchmarks/weight_averaging.py --seed 7 --out runs/x.json
 
 The rows come from the training split (`--validation-size`, stratified, never trained on): this chooses settings, so the
 test split is not touched. The one check on the test rows that followed the choice is recorded by hand as `test_check`
@@ -22,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = ("lr", "warmup_ratio", "weight_decay", "label_smoothing", "layer_lr_decay", "pooling", "dropout", "max_length")
 
 
 def main(argv=None):
@@ -80,6 +83,7 @@ def main(argv=None):
     trainer.fit(on_epoch_end=compare, on_step_end=update)
     result = dict(profile=cfg.profile, model=cfg.model_name, seed=cfg.seed, validation_rows=args.validation_size,
                   train_rows=cfg.train_size - args.validation_size, epochs=cfg.epochs, effective_batch=cfg.batch_size * cfg.grad_accum,
+                  settings={k: getattr(cfg, k) for k in SETTINGS},
                   steps=trainer.step, decays=args.decays, per_epoch=epochs, wall_s=round(time.perf_counter() - started, 1),
                   averaging_s=round(seconds_averaging[0], 1),
                   machine=f"{platform.machine()}, torch {torch.__version__}", written=datetime.now(timezone.utc).isoformat(timespec="seconds"))
