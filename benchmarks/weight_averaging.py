@@ -24,7 +24,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = ("lr", "warmup_ratio", "weight_decay", "label_smoothing", "layer_lr_decay", "pooling", "dropout", "max_length")
 
 
 def main(argv=None):
@@ -40,6 +39,7 @@ def main(argv=None):
     from torch.optim.swa_utils import AveragedModel
     sys.path.insert(0, str(ROOT))
     from distrinews.model import get_config
+    from distrinews.scale import SEARCHED      # what the study searches (no Ray or Optuna needed to import it)
     from distrinews.train import make_trainer, make_weight_average
 
     cfg = get_config(args.profile, validation_size=args.validation_size, eval_split="validation", seed=args.seed,
@@ -83,7 +83,7 @@ def main(argv=None):
     trainer.fit(on_epoch_end=compare, on_step_end=update)
     result = dict(profile=cfg.profile, model=cfg.model_name, seed=cfg.seed, validation_rows=args.validation_size,
                   train_rows=cfg.train_size - args.validation_size, epochs=cfg.epochs, effective_batch=cfg.batch_size * cfg.grad_accum,
-                  settings={k: getattr(cfg, k) for k in SETTINGS},
+                  settings={k: getattr(cfg, k) for k in SEARCHED},   # the keys of the study's trials
                   steps=trainer.step, decays=args.decays, per_epoch=epochs, wall_s=round(time.perf_counter() - started, 1),
                   averaging_s=round(seconds_averaging[0], 1),
                   machine=f"{platform.machine()}, torch {torch.__version__}", written=datetime.now(timezone.utc).isoformat(timespec="seconds"))
