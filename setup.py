@@ -1,4 +1,5 @@
 """Packaging for DistriNews, driven by `settings.ini` (the nbdev 2 convention)."""
+
 from configparser import ConfigParser
 from pathlib import Path
 
@@ -29,7 +30,7 @@ setuptools.setup(
     python_requires=f">={cfg['min_python']}",
     packages=setuptools.find_packages(include=[cfg["lib_name"], f"{cfg['lib_name']}.*"]),
     include_package_data=True,
-    package_data={cfg["lib_name"]: ["static/*"]},   # the demo page (distrinews/static/index.html)
+    package_data={cfg["lib_name"]: ["static/*"]},  # the demo page (distrinews/static/index.html)
     install_requires=split("requirements") + split("pip_requirements"),
     extras_require={"dev": split("dev_requirements"), "scale": split("scale_requirements")},
     entry_points={

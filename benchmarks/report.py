@@ -5,7 +5,9 @@ Pure function of the JSON files: the same results give byte-identical Markdown a
     .venv/bin/python benchmarks/report.py                     # results/ -> README.md + *.png next to this file
     .venv/bin/python benchmarks/report.py --results R --out O
 """
-import argparse, json
+
+import argparse
+import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -27,20 +29,28 @@ def _savefig(fig, path: Path):
     fig.savefig(path, dpi=90, metadata={"Software": None}, format="png")
 
 
-SYNC_NAMES = {"none": "–", "allreduce": "all-reduce (stock DDP)", "fp16": "fp16-compressed all-reduce (built-in hook)",
-              "bf16": "bf16-compressed all-reduce (built-in hook)", "powersgd": "PowerSGD (built-in hook)",
-              "shm": "shared memory (notebook 08's lesson hook)"}
+SYNC_NAMES = {
+    "none": "–",
+    "allreduce": "all-reduce (stock DDP)",
+    "fp16": "fp16-compressed all-reduce (built-in hook)",
+    "bf16": "bf16-compressed all-reduce (built-in hook)",
+    "powersgd": "PowerSGD (built-in hook)",
+    "shm": "shared memory (notebook 08's lesson hook)",
+}
 
 
 def ddp_lines(r: dict) -> dict:
     "The runs as one line per way of averaging gradients, each starting at the 1-rank run."
     one = [x for x in r["runs"] if x["world_size"] == 1]
     syncs = sorted({x.get("grad_sync", "allreduce") for x in r["runs"] if x["world_size"] > 1})
-    return {s: one + [x for x in r["runs"] if x["world_size"] > 1 and x.get("grad_sync", "allreduce") == s] for s in syncs}
+    return {
+        s: one + [x for x in r["runs"] if x["world_size"] > 1 and x.get("grad_sync", "allreduce") == s] for s in syncs
+    }
 
 
 def chart_ddp(r: dict, path: Path):
     import matplotlib.pyplot as plt
+
     ws = sorted({x["world_size"] for x in r["runs"]})
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     first = r["runs"][0]
@@ -52,28 +62,43 @@ def chart_ddp(r: dict, path: Path):
         b.plot([x["world_size"] for x in runs], [x["speedup"] for x in runs], "o-", label=label)
     a.plot(ws, [base * w for w in ws], "--", color="grey", label="ideal (linear)")
     ctl = sorted({(x["world_size"], x["control_samples_per_s"]) for x in r["runs"] if "control_samples_per_s" in x})
-    if ctl: a.plot([ws[0]] + [w for w, _ in ctl], [base * ws[0]] + [v for _, v in ctl], "s:", color="#d8883b",
-                   label="independent workers, no communication")
-    a.set(xlabel="workers (ranks)", ylabel="samples / s", title="DDP training throughput", xticks=ws); a.legend(fontsize=7)
+    if ctl:
+        a.plot(
+            [ws[0]] + [w for w, _ in ctl],
+            [base * ws[0]] + [v for _, v in ctl],
+            "s:",
+            color="#d8883b",
+            label="independent workers, no communication",
+        )
+    a.set(xlabel="workers (ranks)", ylabel="samples / s", title="DDP training throughput", xticks=ws)
+    a.legend(fontsize=7)
     b.plot(ws, ws, "--", color="grey", label="ideal")
-    b.set(xlabel="workers (ranks)", ylabel="speed-up over 1 rank", title="Speed-up", xticks=ws); b.legend()
-    fig.tight_layout(); _savefig(fig, path); plt.close(fig)
+    b.set(xlabel="workers (ranks)", ylabel="speed-up over 1 rank", title="Speed-up", xticks=ws)
+    b.legend()
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
 
 
 def chart_trainer(r: dict, path: Path):
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 2.6))
     names = ["reference loop\n(pad to 128, fp32)", f"our trainer\n({r['ours_precision']}, length-grouped)"]
     vals = [r["reference_samples_per_s"], r["ours_samples_per_s"]]
     ax.barh(names, vals, color=["#bbbbbb", "#3b7dd8"])
-    for i, v in enumerate(vals): ax.text(v, i, f" {v:.0f}", va="center")
+    for i, v in enumerate(vals):
+        ax.text(v, i, f" {v:.0f}", va="center")
     ax.set(xlabel="training samples / s", title=f"Same model, same samples: {r['speedup']:.1f}x")
     ax.set_xlim(0, max(vals) * 1.2)
-    fig.tight_layout(); _savefig(fig, path); plt.close(fig)
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
 
 
 def chart_serving(rows: list, path: Path):
     import matplotlib.pyplot as plt
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     clients = [c for c, _ in rows]
     for mode, style in (("on", "o-"), ("off", "s--")):
@@ -81,118 +106,204 @@ def chart_serving(rows: list, path: Path):
         b.plot(clients, [r["runs"][mode]["p99_ms"] for _, r in rows], style, label=f"micro-batching {mode}")
     a.set(xlabel="concurrent clients", ylabel="requests / s", title="Serving throughput", xscale="log", xticks=clients)
     b.set(xlabel="concurrent clients", ylabel="p99 latency (ms)", title="Tail latency", xscale="log", xticks=clients)
-    for ax in (a, b): ax.set_xticklabels([str(c) for c in clients]); ax.legend()
-    fig.tight_layout(); _savefig(fig, path); plt.close(fig)
+    for ax in (a, b):
+        ax.set_xticklabels([str(c) for c in clients])
+        ax.legend()
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
 
 
 def chart_accuracy(rows: list, path: Path):
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.6 * len(rows)))
-    names = [f"{r['profile']}\n{r['mode']}" for r in rows]    # two lines: long names leave no room for the bars
+    names = [f"{r['profile']}\n{r['mode']}" for r in rows]  # two lines: long names leave no room for the bars
     vals = [100 * r["accuracy"] for r in rows]
     ax.barh(names, vals, color="#3b7dd8")
     ax.axvline(100 * TARGETS["accuracy"], color="grey", ls="--", label=f"target {100 * TARGETS['accuracy']:.1f} %")
-    for i, v in enumerate(vals): ax.text(v, i, f" {v:.2f} %", va="center")
-    ax.set(xlabel="accuracy on the AG News test rows (%)", xlim=(min(vals + [85]) - 1, 100), title="Accuracy per profile"); ax.legend(loc="lower left")
-    fig.tight_layout(); _savefig(fig, path); plt.close(fig)
+    for i, v in enumerate(vals):
+        ax.text(v, i, f" {v:.2f} %", va="center")
+    ax.set(
+        xlabel="accuracy on the AG News test rows (%)", xlim=(min(vals + [85]) - 1, 100), title="Accuracy per profile"
+    )
+    ax.legend(loc="lower left")
+    fig.tight_layout()
+    _savefig(fig, path)
+    plt.close(fig)
 
 
 def render(results: Path = HERE / "results", out: Path = HERE) -> str:
     "Write README.md and the charts for the results in `results` into `out`; return the Markdown."
-    import matplotlib; matplotlib.use("Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     plt.rcParams.update({"svg.hashsalt": "distrinews", "font.size": 9})
     R, out = load(results), Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    md = ["# DistriNews benchmarks", "",
-          "Generated by `benchmarks/report.py` from the JSON files in `benchmarks/results/` — do not edit by hand.",
-          "Regenerate everything (runs `nbs/07_benchmarks.ipynb` with papermill over the parameter matrix, ~30 min on 2 cores):", "",
-          "```bash", "HF_HUB_OFFLINE=1 DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/run.py", "```", "",
-          "Ratios are the headline: each is measured side by side in one run on one machine. Absolute numbers are only",
-          "meaningful together with the machine they came from (listed with each table). Executed notebooks: `benchmarks/runs/`.", ""]
+    md = [
+        "# DistriNews benchmarks",
+        "",
+        "Generated by `benchmarks/report.py` from the JSON files in `benchmarks/results/` — do not edit by hand.",
+        "Regenerate everything (runs `nbs/07_benchmarks.ipynb` with papermill over the parameter matrix, ~30 min on 2 cores):",
+        "",
+        "```bash",
+        "HF_HUB_OFFLINE=1 DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/run.py",
+        "```",
+        "",
+        "Ratios are the headline: each is measured side by side in one run on one machine. Absolute numbers are only",
+        "meaningful together with the machine they came from (listed with each table). Executed notebooks: `benchmarks/runs/`.",
+        "",
+    ]
     if "trainer_vs_reference" in R:
         r = R["trainer_vs_reference"]
-        md += ["## Our trainer vs the reference design's training loop", "",
-               f"Same model (`{r['model']}`), same {r['samples']} rows, batch {r['batch_size']}, {r['timed_steps']} timed steps each, "
-               f"{r['threads']} thread(s). Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, torch {r['machine']['torch']}.", "",
-               "| loop | samples/s |", "|---|---:|",
-               f"| reference (pad every batch to 128 tokens, fp32, random batches) | {r['reference_samples_per_s']:.1f} |",
-               f"| ours ({r['ours_precision']}, length-grouped batches, dynamic padding) | {r['ours_samples_per_s']:.1f} |",
-               f"| **speed-up** | **{r['speedup']:.2f}x** ({_verdict(r['speedup'] >= TARGETS['trainer_speedup'])} of {TARGETS['trainer_speedup']:.0f}x) |",
-               "", "![trainer vs reference](trainer_vs_reference.png)", ""]
+        md += [
+            "## Our trainer vs the reference design's training loop",
+            "",
+            f"Same model (`{r['model']}`), same {r['samples']} rows, batch {r['batch_size']}, {r['timed_steps']} timed steps each, "
+            f"{r['threads']} thread(s). Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, torch {r['machine']['torch']}.",
+            "",
+            "| loop | samples/s |",
+            "|---|---:|",
+            f"| reference (pad every batch to 128 tokens, fp32, random batches) | {r['reference_samples_per_s']:.1f} |",
+            f"| ours ({r['ours_precision']}, length-grouped batches, dynamic padding) | {r['ours_samples_per_s']:.1f} |",
+            f"| **speed-up** | **{r['speedup']:.2f}x** ({_verdict(r['speedup'] >= TARGETS['trainer_speedup'])} of {TARGETS['trainer_speedup']:.0f}x) |",
+            "",
+            "![trainer vs reference](trainer_vs_reference.png)",
+            "",
+        ]
         chart_trainer(r, out / "trainer_vs_reference.png")
     for key in sorted(k for k in R if k.startswith("ddp_scaling")):
         r = R[key]
         accum = r.get("grad_accum", 1)
         repeats = r.get("repeats", 1)
-        md += ["## DDP scaling" + (f" with gradient accumulation ({accum} micro-batches per all-reduce)" if accum > 1 else ""), "",
-               f"`{r['model']}`, {r['batch_size_per_rank']} samples per rank per micro-batch"
-               + (f", {accum} micro-batches per optimizer step (`no_sync` on all but the last)" if accum > 1 else "")
-               + f", {r['threads_per_rank']} thread(s) per rank, "
-               f"backend {r['backend']}, "
-               + (f"timed: one pass over the same {r['rows']:,} rows for every job, after {r['warmup_passes']} untimed pass(es)"
-                  if "rows" in r else f"{r['timed_steps']} timed steps")
-               + (f"; each figure is the median of {repeats} interleaved runs (all of them are in the JSON)" if repeats > 1 else "")
-               + f". Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores"
-               + (f", GPU {r['machine']['gpu']}" if r["machine"].get("gpu") else "") + ".", "",
-               "| ranks | gradients averaged by | samples/s | speed-up | efficiency | control: N workers, no communication | DDP / control |",
-               "|---:|---|---:|---:|---:|---:|---:|"]
-        md += [f"| {x['world_size']} | {SYNC_NAMES.get(x.get('grad_sync', 'allreduce'), '')} | {x['samples_per_s']:.1f} | {x['speedup']:.2f}x | {x['efficiency']:.0%} | "
-               + (f"{x['control_samples_per_s']:.1f} ({x['control_speedup']:.2f}x) | {x['vs_control']:.0%} |" if "vs_control" in x else "– | – |")
-               for x in r["runs"]]
+        md += [
+            "## DDP scaling"
+            + (f" with gradient accumulation ({accum} micro-batches per all-reduce)" if accum > 1 else ""),
+            "",
+            f"`{r['model']}`, {r['batch_size_per_rank']} samples per rank per micro-batch"
+            + (f", {accum} micro-batches per optimizer step (`no_sync` on all but the last)" if accum > 1 else "")
+            + f", {r['threads_per_rank']} thread(s) per rank, "
+            f"backend {r['backend']}, "
+            + (
+                f"timed: one pass over the same {r['rows']:,} rows for every job, after {r['warmup_passes']} untimed pass(es)"
+                if "rows" in r
+                else f"{r['timed_steps']} timed steps"
+            )
+            + (
+                f"; each figure is the median of {repeats} interleaved runs (all of them are in the JSON)"
+                if repeats > 1
+                else ""
+            )
+            + f". Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores"
+            + (f", GPU {r['machine']['gpu']}" if r["machine"].get("gpu") else "")
+            + ".",
+            "",
+            "| ranks | gradients averaged by | samples/s | speed-up | efficiency | control: N workers, no communication | DDP / control |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        md += [
+            f"| {x['world_size']} | {SYNC_NAMES.get(x.get('grad_sync', 'allreduce'), '')} | {x['samples_per_s']:.1f} | {x['speedup']:.2f}x | {x['efficiency']:.0%} | "
+            + (
+                f"{x['control_samples_per_s']:.1f} ({x['control_speedup']:.2f}x) | {x['vs_control']:.0%} |"
+                if "vs_control" in x
+                else "– | – |"
+            )
+            for x in r["runs"]
+        ]
         for n in sorted({x["world_size"] for x in r["runs"]} - {1}):
             # the headline is stock DDP (what every learner runs); other ways of averaging are side rows
             rows = [x for x in r["runs"] if x["world_size"] == n]
             best = next((x for x in rows if x.get("grad_sync", "allreduce") == "allreduce"), rows[0])
             others = [x for x in rows if x is not best]
-            md += ["", f"{n} ranks, {SYNC_NAMES.get(best.get('grad_sync', 'allreduce'))}: efficiency "
-                   f"{best['efficiency']:.1%} — {_verdict(best['efficiency'] >= TARGETS['ddp_efficiency'])} "
-                   f"of {TARGETS['ddp_efficiency']:.0%} (the reference design reports 1.78x = 89 % on 2xT4)."
-                   + "".join(f" Side row, {SYNC_NAMES.get(x.get('grad_sync'), x.get('grad_sync'))}: {x['speedup']:.2f}x ({x['efficiency']:.0%})." for x in others)]
+            md += [
+                "",
+                f"{n} ranks, {SYNC_NAMES.get(best.get('grad_sync', 'allreduce'))}: efficiency "
+                f"{best['efficiency']:.1%} — {_verdict(best['efficiency'] >= TARGETS['ddp_efficiency'])} "
+                f"of {TARGETS['ddp_efficiency']:.0%} (the reference design reports 1.78x = 89 % on 2xT4)."
+                + "".join(
+                    f" Side row, {SYNC_NAMES.get(x.get('grad_sync'), x.get('grad_sync'))}: {x['speedup']:.2f}x ({x['efficiency']:.0%})."
+                    for x in others
+                ),
+            ]
             if "vs_control" in best and best["vs_control"] < 1:
-                md += [f"The control shows what this machine allows {n} workers at all: {best['control_speedup']:.2f}x with no "
-                       f"communication. DDP keeps {best['vs_control']:.0%} of that: the rest is the cost of averaging gradients and "
-                       "of waiting for the slower rank at every step."]
+                md += [
+                    f"The control shows what this machine allows {n} workers at all: {best['control_speedup']:.2f}x with no "
+                    f"communication. DDP keeps {best['vs_control']:.0%} of that: the rest is the cost of averaging gradients and "
+                    "of waiting for the slower rank at every step."
+                ]
             elif "vs_control" in best:
                 spread = best.get("control_repeats") or [best["control_samples_per_s"]]
-                md += [f"The control (what this machine allows {n} workers at all, with no communication) got "
-                       f"{best['control_speedup']:.2f}x (its runs: {min(spread):.1f}–{max(spread):.1f} samples/s): DDP did as well. "
-                       "At this much computation per exchange, averaging gradients costs less than the machine's run-to-run noise."]
+                md += [
+                    f"The control (what this machine allows {n} workers at all, with no communication) got "
+                    f"{best['control_speedup']:.2f}x (its runs: {min(spread):.1f}–{max(spread):.1f} samples/s): DDP did as well. "
+                    "At this much computation per exchange, averaging gradients costs less than the machine's run-to-run noise."
+                ]
         md += ["", f"![DDP scaling]({key}.png)", ""]
         chart_ddp(r, out / f"{key}.png")
     serving = sorted((r["settings"]["concurrency"], r) for k, r in R.items() if k.startswith("serving"))
     if serving:
-        md += ["## Serving: dynamic micro-batching on vs off", "",
-               f"Same checkpoint, same requests; machine: {serving[-1][1]['machine']}.", "",
-               "| clients | batching | req/s | p50 ms | p99 ms | mean batch |", "|---:|---|---:|---:|---:|---:|"]
+        md += [
+            "## Serving: dynamic micro-batching on vs off",
+            "",
+            f"Same checkpoint, same requests; machine: {serving[-1][1]['machine']}.",
+            "",
+            "| clients | batching | req/s | p50 ms | p99 ms | mean batch |",
+            "|---:|---|---:|---:|---:|---:|",
+        ]
         for c, r in serving:
             for mode in ("on", "off"):
                 x = r["runs"][mode]
-                md.append(f"| {c} | {mode} | {x['throughput_rps']:.1f} | {x['p50_ms']:.1f} | {x['p99_ms']:.1f} | {x['mean_batch']:.1f} |")
+                md.append(
+                    f"| {c} | {mode} | {x['throughput_rps']:.1f} | {x['p50_ms']:.1f} | {x['p99_ms']:.1f} | {x['mean_batch']:.1f} |"
+                )
         c, r = serving[-1]
         ok = r["speedup"] >= TARGETS["serving_speedup"] and r["p99_on_over_off"] <= 1
-        md += ["", f"At {c} clients: throughput {r['speedup']:.2f}x, p99 with/without batching {r['p99_on_over_off']:.2f} — "
-               f"{_verdict(ok)} (>= {TARGETS['serving_speedup']:.0f}x, p99 no worse).", "", "![serving](serving.png)", ""]
+        md += [
+            "",
+            f"At {c} clients: throughput {r['speedup']:.2f}x, p99 with/without batching {r['p99_on_over_off']:.2f} — "
+            f"{_verdict(ok)} (>= {TARGETS['serving_speedup']:.0f}x, p99 no worse).",
+            "",
+            "![serving](serving.png)",
+            "",
+        ]
         chart_serving(serving, out / "serving.png")
     accuracy = [R[k] for k in sorted(R) if k.startswith("accuracy")]
     if accuracy:
-        md += ["## Accuracy", "", "| profile | how | model | train rows | epochs | test rows | accuracy | train + eval time |",
-               "|---|---|---|---:|---:|---:|---:|---:|"]
-        md += [f"| {a['profile']} | {a['mode']} | `{a['model']}` | {a['train_rows']} | {a['epochs']} | {a['eval_count']} | "
-               f"{a['accuracy']:.2%} | {a['wall_s'] / 60:.1f} min |" for a in accuracy]
+        md += [
+            "## Accuracy",
+            "",
+            "| profile | how | model | train rows | epochs | test rows | accuracy | train + eval time |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+        ]
+        md += [
+            f"| {a['profile']} | {a['mode']} | `{a['model']}` | {a['train_rows']} | {a['epochs']} | {a['eval_count']} | "
+            f"{a['accuracy']:.2%} | {a['wall_s'] / 60:.1f} min |"
+            for a in accuracy
+        ]
         for a in accuracy:
             if a["profile"] == "cpu":
-                md += ["", f"`cpu` profile: {a['accuracy']:.2%} — {_verdict(a['accuracy'] >= TARGETS['accuracy'])} of "
-                       f"{TARGETS['accuracy']:.1%}; per class: " + ", ".join(f"{k} {v:.1%}" for k, v in a["per_class_accuracy"].items())
-                       + f". Machine: {a['machine']}."]
+                md += [
+                    "",
+                    f"`cpu` profile: {a['accuracy']:.2%} — {_verdict(a['accuracy'] >= TARGETS['accuracy'])} of "
+                    f"{TARGETS['accuracy']:.1%}; per class: "
+                    + ", ".join(f"{k} {v:.1%}" for k, v in a["per_class_accuracy"].items())
+                    + f". Machine: {a['machine']}.",
+                ]
         md += ["", "![accuracy](accuracy.png)", ""]
         chart_accuracy(accuracy, out / "accuracy.png")
     gpu = [R[k] for k in sorted(R) if k.startswith("gpu")]
     md += ["## GPU", ""]
-    md += [f"- {g['machine']['gpu']}, `{g['model']}`, {g.get('precision', '?')}, {g['batch_size_per_rank']} per GPU, backend {g['backend']}: "
-           + ", ".join(f"{x['world_size']} GPU(s) {x['samples_per_s']:.0f} samples/s" for x in g["runs"])
-           for g in gpu] or ["No GPU run recorded yet: run `benchmarks/run.py` on a GPU machine (e.g. Kaggle 2xT4) to add the "
-                             "`kaggle`-shaped measurement (DistilBERT shape, the GPU name recorded)."]
+    md += [
+        f"- {g['machine']['gpu']}, `{g['model']}`, {g.get('precision', '?')}, {g['batch_size_per_rank']} per GPU, backend {g['backend']}: "
+        + ", ".join(f"{x['world_size']} GPU(s) {x['samples_per_s']:.0f} samples/s" for x in g["runs"])
+        for g in gpu
+    ] or [
+        "No GPU run recorded yet: run `benchmarks/run.py` on a GPU machine (e.g. Kaggle 2xT4) to add the "
+        "`kaggle`-shaped measurement (DistilBERT shape, the GPU name recorded)."
+    ]
     text = "\n".join(md).rstrip() + "\n"
     (out / "README.md").write_text(text)
     return text
@@ -200,6 +311,7 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--results", default=str(HERE / "results")); p.add_argument("--out", default=str(HERE))
+    p.add_argument("--results", default=str(HERE / "results"))
+    p.add_argument("--out", default=str(HERE))
     a = p.parse_args()
     print(render(Path(a.results), Path(a.out)))

@@ -5,13 +5,16 @@ notebook in benchmarks/runs/, then render benchmarks/README.md and the PNG chart
     .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench                          # tiny parameters, ~2 min (the tests run this)
     .venv/bin/python benchmarks/run.py --only serving                                    # one row of the matrix
 """
-import argparse, sys, tempfile
+
+import argparse
+import sys
+import tempfile
 from pathlib import Path
 
 import papermill as pm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from course import tidy   # one way to make an executed notebook fit to commit, shared with `make course`
+from course import tidy  # one way to make an executed notebook fit to commit, shared with `make course`
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE.parent / "nbs" / "07_benchmarks.ipynb"
@@ -28,8 +31,17 @@ MATRIX = {
     "gpu": dict(measure="gpu"),
 }
 SMOKE = {
-    "smoke": dict(profile="smoke", measure="trainer,ddp,accuracy,serving,gpu", world_sizes=[1, 2], steps=2, warmup=1,
-                  batch_size=8, trainer_samples=32, serving_clients=[4], serving_requests=16),
+    "smoke": dict(
+        profile="smoke",
+        measure="trainer,ddp,accuracy,serving,gpu",
+        world_sizes=[1, 2],
+        steps=2,
+        warmup=1,
+        batch_size=8,
+        trainer_samples=32,
+        serving_clients=[4],
+        serving_requests=16,
+    ),
 }
 
 
@@ -40,18 +52,27 @@ def main(argv=None):
     p.add_argument("--out", help="folder for results/, runs/ and the report (default: benchmarks/ itself)")
     a = p.parse_args(argv)
     matrix = SMOKE if a.smoke else {k: v for k, v in MATRIX.items() if not a.only or k in a.only}
-    if a.only and not matrix: p.error(f"--only: choose from {sorted(MATRIX)}")
+    if a.only and not matrix:
+        p.error(f"--only: choose from {sorted(MATRIX)}")
     out = Path(a.out or (tempfile.mkdtemp(prefix="distrinews-bench-") if a.smoke else HERE)).resolve()
     results, runs = out / "results", out / "runs"
-    runs.mkdir(parents=True, exist_ok=True); results.mkdir(parents=True, exist_ok=True)
+    runs.mkdir(parents=True, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
     for name, params in matrix.items():
         print(f"== {name}: {params}", flush=True)
         executed = runs / f"07_benchmarks-{name}.ipynb"
-        pm.execute_notebook(NOTEBOOK, executed, parameters=dict(params, out_dir=str(results)),
-                            cwd=NOTEBOOK.parent, progress_bar=False, log_output=False)
+        pm.execute_notebook(
+            NOTEBOOK,
+            executed,
+            parameters=dict(params, out_dir=str(results)),
+            cwd=NOTEBOOK.parent,
+            progress_bar=False,
+            log_output=False,
+        )
         tidy(executed, HERE.parent)
     sys.path.insert(0, str(HERE))
     import report
+
     report.render(results, out)
     print(f"report: {out / 'README.md'}")
     return out

@@ -15,7 +15,14 @@ luckier mix of short or long items.
     DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/trainer_vs_reference.py            # ~3 min on 2 cores
     .venv/bin/python benchmarks/trainer_vs_reference.py --samples 128 --batch-size 8 --out /tmp/smoke.json    # smoke
 """
-import argparse, json, os, platform, sys, tempfile, time
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -38,20 +45,35 @@ def reference_loop(model_name, texts, labels, batch_size, steps, warmup, lr=2e-5
     done, samples, started = 0, 0, None
     while done < warmup + steps:
         for input_ids, attention_mask, y in loader:
-            if done == warmup: started, samples = time.perf_counter(), 0
+            if done == warmup:
+                started, samples = time.perf_counter(), 0
             loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=y).loss
-            loss.backward(); optimizer.step(); optimizer.zero_grad()
-            done += 1; samples += len(y)
-            if done == warmup + steps: break
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            done += 1
+            samples += len(y)
+            if done == warmup + steps:
+                break
     return samples / (time.perf_counter() - started)
 
 
 def our_trainer(model_name, n_samples, batch_size, steps, precision="auto", seed=0):
     "Our `Trainer` on the same rows (a stratified subset of the train split): samples/s over `steps` optimizer steps."
-    cfg = get_config("cpu", use_env=False, model_name=model_name, train_size=n_samples, test_size=64, batch_size=batch_size,
-                     precision=precision, seed=seed, epochs=2, output_dir=tempfile.mkdtemp(prefix="distrinews-bench-trainer-"))
+    cfg = get_config(
+        "cpu",
+        use_env=False,
+        model_name=model_name,
+        train_size=n_samples,
+        test_size=64,
+        batch_size=batch_size,
+        precision=precision,
+        seed=seed,
+        epochs=2,
+        output_dir=tempfile.mkdtemp(prefix="distrinews-bench-trainer-"),
+    )
     trainer = make_trainer(cfg, progress=False, log=lambda *a: None)
-    trainer.train_epoch()                          # warm-up: one pass, so every batch shape has met the kernels once
+    trainer.train_epoch()  # warm-up: one pass, so every batch shape has met the kernels once
     # the next pass over the same rows (same batches, new order), timed
     return trainer.train_epoch(stop_at_step=trainer.step + steps)["train_samples_per_s"], trainer.precision
 
@@ -62,7 +84,9 @@ def main(argv=None):
     p.add_argument("--samples", type=int, default=1024, help="rows of the local train split to use (stratified)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, help="timed optimizer steps for each side (default: one pass over --samples)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps of the reference loop (ours warms up for one pass)")
+    p.add_argument(
+        "--warmup", type=int, default=3, help="untimed steps of the reference loop (ours warms up for one pass)"
+    )
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "trainer_vs_reference.json"))
     a = p.parse_args(argv)
@@ -73,13 +97,26 @@ def main(argv=None):
     rows = stratified_subset(load_agnews("train"), a.samples, seed=0)
     ref = reference_loop(a.model, list(rows["text"]), list(rows["label"]), a.batch_size, a.steps, a.warmup)
     ours, precision = our_trainer(a.model, a.samples, a.batch_size, a.steps)
-    result = dict(benchmark="trainer_vs_reference", model=a.model, samples=a.samples, batch_size=a.batch_size,
-                  timed_steps=a.steps, threads=a.threads, reference_samples_per_s=round(ref, 2),
-                  ours_samples_per_s=round(ours, 2), ours_precision=precision, speedup=round(ours / ref, 2),
-                  machine=dict(cpu=platform.processor() or platform.machine(), cores=os.cpu_count(),
-                               capability=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__,
-                               gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None),
-                  date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    result = dict(
+        benchmark="trainer_vs_reference",
+        model=a.model,
+        samples=a.samples,
+        batch_size=a.batch_size,
+        timed_steps=a.steps,
+        threads=a.threads,
+        reference_samples_per_s=round(ref, 2),
+        ours_samples_per_s=round(ours, 2),
+        ours_precision=precision,
+        speedup=round(ours / ref, 2),
+        machine=dict(
+            cpu=platform.processor() or platform.machine(),
+            cores=os.cpu_count(),
+            capability=torch.backends.cpu.get_cpu_capability(),
+            torch=torch.__version__,
+            gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        ),
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"reference loop (pad to 128, fp32, random batches): {ref:7.1f} samples/s")

@@ -14,6 +14,7 @@ and the median rule prunes the poor ones (see nbs/11_scale_out.ipynb).
 Needs torch, transformers, datasets and optuna (no Ray, no PostgreSQL driver unless the storage is PostgreSQL).
 Running it again with the same storage and study adds trials to the study and rewrites the JSON with all of them.
 """
+
 import argparse
 import json
 import os
@@ -28,27 +29,46 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--storage", default=f"sqlite:///{ROOT / 'runs' / 'tuning_cpu.db'}",
-                   help="postgresql+psycopg://..., sqlite:///FILE.db or journal:FILE.log")
+    p.add_argument(
+        "--storage",
+        default=f"sqlite:///{ROOT / 'runs' / 'tuning_cpu.db'}",
+        help="postgresql+psycopg://..., sqlite:///FILE.db or journal:FILE.log",
+    )
     p.add_argument("--study", default="cpu-minilm")
     p.add_argument("--trials", type=int, default=24, help="trials this process runs (0: only write the JSON)")
     p.add_argument("--validation-size", type=int, default=1000)
     p.add_argument("--max-epochs", type=int, default=3)
     p.add_argument("--startup-trials", type=int, default=4, help="finished trials before the pruner stops any")
-    p.add_argument("--warmup-epochs", type=int, default=1,
-                   help="epochs every trial runs before it may be pruned (1: judged from epoch 2 on; slow starters can win)")
+    p.add_argument(
+        "--warmup-epochs",
+        type=int,
+        default=1,
+        help="epochs every trial runs before it may be pruned (1: judged from epoch 2 on; slow starters can win)",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--sampler-seed", type=int, help="the sampler's seed (give each process its own)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tuning_cpu.json")
     p.add_argument("--no-write", action="store_true", help="run trials only (the other workers of a shared study)")
-    p.add_argument("--baseline", action="store_true",
-                   help="queue today's `cpu` settings as a trial first, so the study measures them on the same rows")
-    p.add_argument("--enqueue", type=json.loads, action="append", default=[], metavar="JSON",
-                   help='queue settings to try before the sampler\'s own, e.g. \'{"lr": 2e-4, "label_smoothing": 0.1}\'')
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="queue today's `cpu` settings as a trial first, so the study measures them on the same rows",
+    )
+    p.add_argument(
+        "--enqueue",
+        type=json.loads,
+        action="append",
+        default=[],
+        metavar="JSON",
+        help='queue settings to try before the sampler\'s own, e.g. \'{"lr": 2e-4, "label_smoothing": 0.1}\'',
+    )
     args = p.parse_args(argv)
-    if args.device == "cpu": os.environ["CUDA_VISIBLE_DEVICES"] = ""     # before torch looks for GPUs
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch looks for GPUs
     import torch
-    if args.device == "cuda" and not torch.cuda.is_available(): sys.exit("--device cuda: no CUDA GPU is visible here.")
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA GPU is visible here.")
     sys.path.insert(0, str(ROOT))
     from distrinews.model import get_config
     from distrinews.scale import SEARCHED, StorageError, open_storage, open_study, study_summary, tune_worker
@@ -57,29 +77,54 @@ def main(argv=None):
     started = time.perf_counter()
     try:
         queued = ([{k: getattr(base, k) for k in SEARCHED}] if args.baseline else []) + args.enqueue
-        if queued:   # tried before the sampler's own suggestions (settings left out are sampled)
-            study = open_study(open_storage(args.storage), args.study, args.startup_trials, warmup_epochs=args.warmup_epochs)
-            for settings in queued: study.enqueue_trial(settings, skip_if_exists=True)
+        if queued:  # tried before the sampler's own suggestions (settings left out are sampled)
+            study = open_study(
+                open_storage(args.storage), args.study, args.startup_trials, warmup_epochs=args.warmup_epochs
+            )
+            for settings in queued:
+                study.enqueue_trial(settings, skip_if_exists=True)
         if args.trials:
-            study = tune_worker(args.storage, args.study, args.trials, base, args.max_epochs, args.startup_trials,
-                                seed=args.sampler_seed, warmup_epochs=args.warmup_epochs)
+            study = tune_worker(
+                args.storage,
+                args.study,
+                args.trials,
+                base,
+                args.max_epochs,
+                args.startup_trials,
+                seed=args.sampler_seed,
+                warmup_epochs=args.warmup_epochs,
+            )
         else:
-            study = open_study(open_storage(args.storage), args.study, args.startup_trials, warmup_epochs=args.warmup_epochs)
+            study = open_study(
+                open_storage(args.storage), args.study, args.startup_trials, warmup_epochs=args.warmup_epochs
+            )
     except StorageError as e:
         sys.exit(f"tune_cpu_profile.py: error: {e}")
-    if args.no_write: return
+    if args.no_write:
+        return
     summary = study_summary(study)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
     summary.update(
-        profile="cpu", model=base.model_name, train_rows=base.train_size, validation_rows=args.validation_size,
-        max_epochs=args.max_epochs, eval_split="validation", pruner=f"median (after {args.startup_trials} finished trials, from epoch {args.warmup_epochs + 1})",
-        machine=f"{platform.machine()}, {device}, torch {torch.__version__}", wall_seconds_this_process=round(time.perf_counter() - started),
-        written=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        profile="cpu",
+        model=base.model_name,
+        train_rows=base.train_size,
+        validation_rows=args.validation_size,
+        max_epochs=args.max_epochs,
+        eval_split="validation",
+        pruner=f"median (after {args.startup_trials} finished trials, from epoch {args.warmup_epochs + 1})",
+        machine=f"{platform.machine()}, {device}, torch {torch.__version__}",
+        wall_seconds_this_process=round(time.perf_counter() - started),
+        written=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1) + "\n")
     best = summary["best"]
-    print(f"{len(summary['trials'])} trials {summary['states']}; best: trial {best['number']}, validation accuracy "
-          f"{best['value']:.2%}, {best['params']} -> {args.out}" if best else f"no finished trial yet -> {args.out}")
+    print(
+        f"{len(summary['trials'])} trials {summary['states']}; best: trial {best['number']}, validation accuracy "
+        f"{best['value']:.2%}, {best['params']} -> {args.out}"
+        if best
+        else f"no finished trial yet -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -27,19 +27,21 @@ __all__ = ['NO_DATA_MESSAGE', 'clean_text', 'DataFolderError', 'find_data_dir', 
 def clean_text(text: str) -> str:
     "Undo AG News' escapes: backslash line breaks, `#39;`-style entities, HTML tags; collapse white space."
     text = text.replace("\\", " ")
-    text = re.sub(r"(?<!&)#(\d+);", r"&#\1;", text)    # '#39;' -> '&#39;' so html.unescape reads it
-    text = html.unescape(html.unescape(text))          # some items are escaped twice ('&amp;lt;')
-    text = re.sub(r"<[^>]{0,200}>", " ", text)         # stray markup such as <b> or <a href=...>
+    text = re.sub(r"(?<!&)#(\d+);", r"&#\1;", text)  # '#39;' -> '&#39;' so html.unescape reads it
+    text = html.unescape(html.unescape(text))  # some items are escaped twice ('&amp;lt;')
+    text = re.sub(r"<[^>]{0,200}>", " ", text)  # stray markup such as <b> or <a href=...>
     return re.sub(r"\s+", " ", text).strip()
 
 # %% ../nbs/02_dataset.ipynb #667325e4
 class DataFolderError(ValueError):
     "A local AG News folder or file that cannot be used; the message names the file (and line) and the fix."
 
+
 def find_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     "The local AG News folder: `data_dir`, else $DISTRINEWS_DATA_DIR, else None."
     data_dir = data_dir or os.environ.get("DISTRINEWS_DATA_DIR")
     return Path(data_dir).expanduser() if data_dir else None
+
 
 def read_agnews_csv(path: str | os.PathLike) -> tuple[list[str], list[int]]:
     "Texts and 0-based labels from one AG News CSV file, validated row by row."
@@ -50,88 +52,125 @@ def read_agnews_csv(path: str | os.PathLike) -> tuple[list[str], list[int]]:
         for row in reader:
             where = f"{path}:{reader.line_num}"
             if len(row) != 3:
-                raise DataFolderError(f"{where}: expected 3 columns (class index 1-4, title, description), got {len(row)}: "
-                                      f"{row[:4]!r}. Is this the original AG News CSV format (no header, quoted fields)?")
-            try: label = int(row[0])
-            except ValueError: label = None
+                raise DataFolderError(
+                    f"{where}: expected 3 columns (class index 1-4, title, description), got {len(row)}: "
+                    f"{row[:4]!r}. Is this the original AG News CSV format (no header, quoted fields)?"
+                )
+            try:
+                label = int(row[0])
+            except ValueError:
+                label = None
             if label not in (1, 2, 3, 4):
-                raise DataFolderError(f"{where}: class index {row[0]!r} is not one of 1, 2, 3, 4 "
-                                      f"({', '.join(f'{i+1}={n}' for i, n in enumerate(LABELS))}). Fix or remove that row.")
+                raise DataFolderError(
+                    f"{where}: class index {row[0]!r} is not one of 1, 2, 3, 4 "
+                    f"({', '.join(f'{i + 1}={n}' for i, n in enumerate(LABELS))}). Fix or remove that row."
+                )
             title, description = clean_text(row[1]), clean_text(row[2])
-            if not title and not description: dropped += 1; continue
-            texts.append(f"{title} {description}".strip()); labels.append(label - 1)
-    if dropped: warnings.warn(f"{path}: dropped {dropped} row(s) whose title and description are both empty.")
-    if not texts: raise DataFolderError(f"{path} has no data rows. Point DISTRINEWS_DATA_DIR at a folder with the AG News CSVs.")
+            if not title and not description:
+                dropped += 1
+                continue
+            texts.append(f"{title} {description}".strip())
+            labels.append(label - 1)
+    if dropped:
+        warnings.warn(f"{path}: dropped {dropped} row(s) whose title and description are both empty.")
+    if not texts:
+        raise DataFolderError(f"{path} has no data rows. Point DISTRINEWS_DATA_DIR at a folder with the AG News CSVs.")
     return texts, labels
 
 # %% ../nbs/02_dataset.ipynb #5d1adec6
 def _as_dataset(texts, labels):
     from datasets import ClassLabel, Dataset, Features, Value
+
     features = Features({"text": Value("string"), "label": ClassLabel(names=LABELS)})
     return Dataset.from_dict({"text": texts, "label": labels}, features=features)
 
-NO_DATA_MESSAGE = ("No AG News data: DISTRINEWS_DATA_DIR is not set (no local copy) and the Hugging Face Hub is offline "
-                   "(HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set). Either set DISTRINEWS_DATA_DIR to a folder with "
-                   "train.csv and test.csv in the original AG News format, or go online (unset HF_HUB_OFFLINE and "
-                   "HF_DATASETS_OFFLINE) to download the `ag_news` dataset from the hub.")
+
+NO_DATA_MESSAGE = (
+    "No AG News data: DISTRINEWS_DATA_DIR is not set (no local copy) and the Hugging Face Hub is offline "
+    "(HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set). Either set DISTRINEWS_DATA_DIR to a folder with "
+    "train.csv and test.csv in the original AG News format, or go online (unset HF_HUB_OFFLINE and "
+    "HF_DATASETS_OFFLINE) to download the `ag_news` dataset from the hub."
+)
+
 
 def data_source(cfg) -> str:
     "Where `cfg`'s rows will come from, 'local' or 'hub'; fails at once, naming both fixes, when neither is possible."
     folder = find_data_dir(cfg.data_dir)
     source = cfg.data_source if cfg.data_source != "auto" else ("local" if folder else "hub")
-    if source == "hub" and hub_offline(datasets=True): raise DataFolderError(NO_DATA_MESSAGE)
+    if source == "hub" and hub_offline(datasets=True):
+        raise DataFolderError(NO_DATA_MESSAGE)
     if source == "local" and not (folder and folder.is_dir()):
-        raise DataFolderError(f"data_source='local' but the AG News folder {folder or '(none: DISTRINEWS_DATA_DIR is not set)'} "
-                              "does not exist. Set DISTRINEWS_DATA_DIR to the folder holding train.csv and test.csv, "
-                              "or use data_source='hub' when online.")
+        raise DataFolderError(
+            f"data_source='local' but the AG News folder {folder or '(none: DISTRINEWS_DATA_DIR is not set)'} "
+            "does not exist. Set DISTRINEWS_DATA_DIR to the folder holding train.csv and test.csv, "
+            "or use data_source='hub' when online."
+        )
     return source
+
 
 def load_agnews(split: str = "train", data_dir: str | os.PathLike | None = None, source: str = "auto"):
     """AG News `split` ('train' or 'test') as a `datasets.Dataset` with `text` and `label` (0..3).
     `source`: 'local' (a CSV folder), 'hub' (the `ag_news` dataset), or 'auto' (local when a folder is given or set)."""
-    if split not in ("train", "test"): raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
-    if source not in ("auto", "local", "hub"): raise ValueError(f"source must be auto, local or hub, got {source!r}.")
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
+    if source not in ("auto", "local", "hub"):
+        raise ValueError(f"source must be auto, local or hub, got {source!r}.")
     folder = find_data_dir(data_dir)
     if source == "local" or (source == "auto" and folder is not None):
         if folder is None:
-            raise DataFolderError("No local AG News folder: pass data_dir= or set DISTRINEWS_DATA_DIR "
-                                  "(a folder with train.csv and test.csv in the original AG News format).")
+            raise DataFolderError(
+                "No local AG News folder: pass data_dir= or set DISTRINEWS_DATA_DIR "
+                "(a folder with train.csv and test.csv in the original AG News format)."
+            )
         if not folder.is_dir():
-            raise DataFolderError(f"AG News folder {folder} does not exist. Set DISTRINEWS_DATA_DIR (or data_dir=) to the "
-                                  "folder holding train.csv and test.csv, or use source='hub' when online.")
+            raise DataFolderError(
+                f"AG News folder {folder} does not exist. Set DISTRINEWS_DATA_DIR (or data_dir=) to the "
+                "folder holding train.csv and test.csv, or use source='hub' when online."
+            )
         file = folder / f"{split}.csv"
         if not file.is_file() or file.stat().st_size == 0:
-            raise DataFolderError(f"{file} is missing or empty. The folder {folder} must hold train.csv and test.csv "
-                                  "in the original AG News CSV format.")
+            raise DataFolderError(
+                f"{file} is missing or empty. The folder {folder} must hold train.csv and test.csv "
+                "in the original AG News CSV format."
+            )
         return _as_dataset(*read_agnews_csv(file))
-    if hub_offline(datasets=True): raise DataFolderError(NO_DATA_MESSAGE)
+    if hub_offline(datasets=True):
+        raise DataFolderError(NO_DATA_MESSAGE)
     from datasets import load_dataset
-    try: ds = load_dataset("ag_news", split=split)
+
+    try:
+        ds = load_dataset("ag_news", split=split)
     except Exception as e:
-        raise DataFolderError(f"Could not load the 'ag_news' dataset from the Hugging Face Hub ({type(e).__name__}: {e}). "
-                              "Offline? Set DISTRINEWS_DATA_DIR to a local AG News CSV folder.") from e
+        raise DataFolderError(
+            f"Could not load the 'ag_news' dataset from the Hugging Face Hub ({type(e).__name__}: {e}). "
+            "Offline? Set DISTRINEWS_DATA_DIR to a local AG News CSV folder."
+        ) from e
     return ds.map(lambda b: {"text": [clean_text(t) for t in b["text"]]}, batched=True)
 
 # %% ../nbs/02_dataset.ipynb #6ba1405c
 def stratified_indices(labels, n: int, seed: int = 0) -> list[int]:
     "Sorted positions of `n` items with the class proportions of `labels`, chosen reproducibly by `seed`."
-    if n < 1: raise ValueError(f"subset size must be >= 1, got {n}.")
+    if n < 1:
+        raise ValueError(f"subset size must be >= 1, got {n}.")
     labels = torch.as_tensor(labels)
     g = torch.Generator().manual_seed(seed)
     classes = labels.unique().tolist()
     counts = {c: int((labels == c).sum()) for c in classes}
     quota = {c: n * counts[c] / len(labels) for c in classes}
     take = {c: int(q) for c, q in quota.items()}
-    for c in sorted(classes, key=lambda c: quota[c] - take[c], reverse=True)[: n - sum(take.values())]: take[c] += 1
+    for c in sorted(classes, key=lambda c: quota[c] - take[c], reverse=True)[: n - sum(take.values())]:
+        take[c] += 1
     picked = []
     for c in classes:
         members = (labels == c).nonzero().flatten()
         picked += members[torch.randperm(len(members), generator=g)[: take[c]]].tolist()
     return sorted(picked)
 
+
 def stratified_subset(ds, n: int | None, seed: int = 0):
     "`n` rows of `ds` with the class proportions of `ds`, chosen reproducibly by `seed` (all of `ds` if `n` is None or too big)."
-    if n is None or n >= len(ds): return ds
+    if n is None or n >= len(ds):
+        return ds
     return ds.select(stratified_indices(ds["label"], n, seed))
 
 # %% ../nbs/02_dataset.ipynb #39b130a3
@@ -139,39 +178,69 @@ def default_cache_dir() -> Path:
     "Where tokenized datasets are cached: $DISTRINEWS_CACHE, else ~/.cache/distrinews."
     return Path(os.environ.get("DISTRINEWS_CACHE", Path.home() / ".cache" / "distrinews"))
 
+
 def _content_key(ds, tokenizer, max_length) -> str:
     h = hashlib.sha256()
-    for t, y in zip(ds["text"], ds["label"]): h.update(t.encode()); h.update(bytes([y]))
+    for t, y in zip(ds["text"], ds["label"]):
+        h.update(t.encode())
+        h.update(bytes([y]))
     h.update(f"{tokenizer.name_or_path}|{len(tokenizer)}|{type(tokenizer).__name__}|{max_length}".encode())
     return h.hexdigest()[:24]
 
+
 def tokenize_dataset(ds, tokenizer, max_length: int = 128, cache_dir: str | os.PathLike | None = None):
     "Tokenize `ds['text']` (truncated to `max_length`, not padded); adds `input_ids`, `attention_mask`, `length`; cached on disk."
-    cache_dir = Path(cache_dir or default_cache_dir()); cache_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = Path(cache_dir or default_cache_dir())
+    cache_dir.mkdir(parents=True, exist_ok=True)
     key = _content_key(ds, tokenizer, max_length)
+
     def encode(batch):
         enc = tokenizer(batch["text"], truncation=True, max_length=max_length, return_token_type_ids=False)
         enc["length"] = [len(ids) for ids in enc["input_ids"]]
         return enc
-    return ds.map(encode, batched=True, batch_size=1000, remove_columns=["text"], new_fingerprint=key,
-                  cache_file_name=str(cache_dir / f"tokenized-{key}.arrow"), desc="Tokenizing")
+
+    return ds.map(
+        encode,
+        batched=True,
+        batch_size=1000,
+        remove_columns=["text"],
+        new_fingerprint=key,
+        cache_file_name=str(cache_dir / f"tokenized-{key}.arrow"),
+        desc="Tokenizing",
+    )
 
 # %% ../nbs/02_dataset.ipynb #654ab02a
 def make_collator(tokenizer, pad_to_multiple_of: int | None = None):
     "Pads each batch to its longest item (rounded up to `pad_to_multiple_of`); renames `label` to `labels`."
     from transformers import DataCollatorWithPadding
+
     pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
+
     def collate(items):
         return pad([{k: v for k, v in item.items() if k != "length"} for item in items])
+
     return collate
 
 # %% ../nbs/02_dataset.ipynb #75cd51d1
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     "Batches of similar-length items, shuffled per epoch, sharded across `num_replicas` ranks (same batch count on each)."
-    def __init__(self, lengths, batch_size: int, shuffle: bool = True, group_by_length: bool = True,
-                 num_replicas: int = 1, rank: int = 0, seed: int = 0, even_batches: bool = True, mega_batches: int = 50):
-        if not 0 <= rank < num_replicas: raise ValueError(f"rank {rank} is not in [0, num_replicas={num_replicas}).")
-        if batch_size < 1: raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+
+    def __init__(
+        self,
+        lengths,
+        batch_size: int,
+        shuffle: bool = True,
+        group_by_length: bool = True,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        even_batches: bool = True,
+        mega_batches: int = 50,
+    ):
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, num_replicas={num_replicas}).")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         self.lengths = [int(x) for x in lengths]
         self.batch_size, self.shuffle, self.group_by_length = batch_size, shuffle, group_by_length
         self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
@@ -189,9 +258,9 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         order = torch.randperm(n, generator=g).tolist() if self.shuffle else list(range(n))
         if self.group_by_length:
             size = n if not self.shuffle else bs * R * self.mega_batches
-            order = [i for s in range(0, n, size) for i in sorted(order[s:s + size], key=lambda i: -self.lengths[i])]
-        batches = [order[s:s + bs] for s in range(0, n, bs)]
-        steps = [batches[s:s + R] for s in range(0, len(batches), R)]
+            order = [i for s in range(0, n, size) for i in sorted(order[s : s + size], key=lambda i: -self.lengths[i])]
+        batches = [order[s : s + bs] for s in range(0, n, bs)]
+        steps = [batches[s : s + R] for s in range(0, len(batches), R)]
         if self.even_batches and steps and len(steps[-1]) < R:  # top up the last, short step with the first batches
             steps[-1] = steps[-1] + batches[: R - len(steps[-1])]
         if self.shuffle and len(steps) > 1:
@@ -199,11 +268,12 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         return steps
 
     def __iter__(self):
-        for step in self.global_batches()[self.start_batch:]:
-            if self.rank < len(step): yield step[self.rank]
+        for step in self.global_batches()[self.start_batch :]:
+            if self.rank < len(step):
+                yield step[self.rank]
 
     def __len__(self):
-        steps = self.global_batches()[self.start_batch:]
+        steps = self.global_batches()[self.start_batch :]
         return sum(1 for step in steps if self.rank < len(step))
 
 # %% ../nbs/02_dataset.ipynb #28d70f64
@@ -224,29 +294,57 @@ def load_splits(cfg):
         held_out = set(stratified_indices(train["label"], cfg.validation_size, seed=cfg.seed + 1))
         validation = train.select(sorted(held_out))
         train = train.select([i for i in range(len(train)) if i not in held_out])
-        if cfg.eval_split == "validation": return train, validation
+        if cfg.eval_split == "validation":
+            return train, validation
     return train, stratified_subset(load_agnews("test", cfg.data_dir, cfg.data_source), cfg.test_size, seed=cfg.seed)
+
 
 def loader_options(device: str | torch.device, precision: str = "fp32") -> dict:
     """How to feed `device`: on a GPU, page-locked (pinned) batches copied asynchronously, 2 worker processes to collate
     while the GPU computes, and lengths padded to multiples of 8 under half precision (tensor cores work in tiles of 8).
     On a CPU none of it helps: workers would take cores from the training itself."""
     cuda = torch.device(device).type == "cuda"
-    return dict(pin_memory=cuda, num_workers=2 if cuda else 0,
-                pad_to_multiple_of=8 if cuda and precision in ("fp16", "bf16") else None)
+    return dict(
+        pin_memory=cuda,
+        num_workers=2 if cuda else 0,
+        pad_to_multiple_of=8 if cuda and precision in ("fp16", "bf16") else None,
+    )
 
-def build_dataloaders(cfg, tokenizer, num_replicas: int = 1, rank: int = 0, pad_to_multiple_of: int | None = None,
-                      pin_memory: bool = False, num_workers: int = 0):
+
+def build_dataloaders(
+    cfg,
+    tokenizer,
+    num_replicas: int = 1,
+    rank: int = 0,
+    pad_to_multiple_of: int | None = None,
+    pin_memory: bool = False,
+    num_workers: int = 0,
+):
     "Train and evaluation DataLoaders for `cfg` (length-grouped; sharded when `num_replicas` > 1; exact, unpadded eval shards)."
     from torch.utils.data import DataLoader
+
     train, test = (tokenize_dataset(ds, tokenizer, cfg.max_length) for ds in load_splits(cfg))
     collate = make_collator(tokenizer, pad_to_multiple_of)
-    train_sampler = LengthGroupedBatchSampler(train["length"], cfg.batch_size, shuffle=True, group_by_length=cfg.group_by_length,
-                                              num_replicas=num_replicas, rank=rank, seed=cfg.seed)
-    test_sampler = LengthGroupedBatchSampler(test["length"], cfg.eval_batch_size, shuffle=False, num_replicas=num_replicas,
-                                             rank=rank, even_batches=False)
+    train_sampler = LengthGroupedBatchSampler(
+        train["length"],
+        cfg.batch_size,
+        shuffle=True,
+        group_by_length=cfg.group_by_length,
+        num_replicas=num_replicas,
+        rank=rank,
+        seed=cfg.seed,
+    )
+    test_sampler = LengthGroupedBatchSampler(
+        test["length"], cfg.eval_batch_size, shuffle=False, num_replicas=num_replicas, rank=rank, even_batches=False
+    )
     # a private generator keeps DataLoader from drawing on the global RNG, so a resumed run replays the same dropout masks
-    loader = lambda ds, s: DataLoader(ds.with_format("torch"), batch_sampler=s, collate_fn=collate,
-                                      generator=torch.Generator().manual_seed(0), pin_memory=pin_memory,
-                                      num_workers=num_workers, persistent_workers=num_workers > 0)
+    loader = lambda ds, s: DataLoader(
+        ds.with_format("torch"),
+        batch_sampler=s,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(0),
+        pin_memory=pin_memory,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
     return loader(train, train_sampler), loader(test, test_sampler)

@@ -12,8 +12,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,30 +33,41 @@ __all__ = ['DistInfo', 'default_backend', 'setup_distributed', 'cleanup_distribu
 @dataclass
 class DistInfo:
     "Who this process is in the job."
+
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     backend: str | None = None
-    local_world_size: int = 1       # processes on this machine (torchrun's LOCAL_WORLD_SIZE)
-    owns_group: bool = False        # we started the process group (so we end it); False when a framework (Ray) did
+    local_world_size: int = 1  # processes on this machine (torchrun's LOCAL_WORLD_SIZE)
+    owns_group: bool = False  # we started the process group (so we end it); False when a framework (Ray) did
+
     @property
-    def is_main(self) -> bool: return self.rank == 0
+    def is_main(self) -> bool:
+        return self.rank == 0
+
     @property
-    def distributed(self) -> bool: return self.world_size > 1
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
 
 def default_backend() -> str:
     "NCCL where there are CUDA GPUs (GPU-to-GPU over NVLink/PCIe), gloo on CPUs."
     return "nccl" if torch.cuda.is_available() else "gloo"
 
+
 def _device_for(backend: str, local_rank: int) -> torch.device:
-    if backend != "nccl": return torch.device("cpu")
+    if backend != "nccl":
+        return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("backend 'nccl' needs CUDA GPUs and none is visible; use backend 'gloo' on CPUs.")
     if local_rank >= torch.cuda.device_count():
-        raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s): lower --nproc_per_node.")
-    torch.cuda.set_device(local_rank)          # before init: each rank owns one GPU
+        raise RuntimeError(
+            f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s): lower --nproc_per_node."
+        )
+    torch.cuda.set_device(local_rank)  # before init: each rank owns one GPU
     return torch.device("cuda", local_rank)
+
 
 def setup_distributed(backend: str | None = None, timeout_s: float = 300) -> DistInfo:
     """Join the process group described by torchrun's environment variables (a world of one without them). A group
@@ -65,14 +76,23 @@ def setup_distributed(backend: str | None = None, timeout_s: float = 300) -> Dis
     if dist.is_available() and dist.is_initialized():
         backend = dist.get_backend()
         local_rank = int(env.get("LOCAL_RANK", 0))
-        return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), _device_for(backend, local_rank), backend,
-                        int(env.get("LOCAL_WORLD_SIZE", dist.get_world_size())), owns_group=False)
+        return DistInfo(
+            dist.get_rank(),
+            local_rank,
+            dist.get_world_size(),
+            _device_for(backend, local_rank),
+            backend,
+            int(env.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+            owns_group=False,
+        )
     if "WORLD_SIZE" not in env and "RANK" not in env:
         return DistInfo(device=pick_device())
     missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in env]
     if missing:
-        raise RuntimeError(f"Distributed run without {', '.join(missing)}: start the script with torchrun "
-                           f"(e.g. `torchrun --standalone --nproc_per_node=2 train_ddp.py`), which sets them.")
+        raise RuntimeError(
+            f"Distributed run without {', '.join(missing)}: start the script with torchrun "
+            f"(e.g. `torchrun --standalone --nproc_per_node=2 train_ddp.py`), which sets them."
+        )
     rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank = int(env.get("LOCAL_RANK", rank))
     backend = backend or default_backend()
@@ -83,49 +103,62 @@ def setup_distributed(backend: str | None = None, timeout_s: float = 300) -> Dis
         # torchrun's agent hosts the key-value store and keeps it across restarts, so the addresses a crashed
         # attempt published are still there: a restarted rank could read a dead peer's address and fail to
         # connect. A prefix per attempt keeps the attempts apart.
-        store = dist.PrefixStore(f"attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
-                                 dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
-                                               is_master=False, timeout=timeout))
+        store = dist.PrefixStore(
+            f"attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
+            dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=timeout),
+        )
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **extra)
     else:
         dist.init_process_group(backend, timeout=timeout, **extra)
     return DistInfo(rank, local_rank, world_size, device, backend, int(env.get("LOCAL_WORLD_SIZE", 1)), owns_group=True)
 
+
 def cleanup_distributed(info: DistInfo | None = None):
     "Leave the process group we started (in a `finally`, so a failing rank frees its peers and GPU memory)."
-    if (info is None or info.owns_group) and dist.is_available() and dist.is_initialized(): dist.destroy_process_group()
+    if (info is None or info.owns_group) and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
 
 def is_main_process() -> bool:
     "True on rank 0 (and in a plain, non-distributed run)."
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
+
 def free_port(host: str = "127.0.0.1") -> int:
     "A TCP port that is free right now on `host` (for MASTER_PORT, a rendezvous endpoint or a test server)."
     with socket.socket() as s:
-        s.bind((host, 0)); return s.getsockname()[1]
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 # %% ../nbs/04_ddp.ipynb #e9205ca4
 def register_comm_hook(ddp: DDP, name: str) -> str:
     "Attach one of PyTorch's built-in DDP communication hooks by `name` (none | fp16 | bf16 | powersgd); returns what the banner says."
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-    if name == "none": return "all-reduce"
-    if name in ("fp16", "bf16"):      # halve the bytes on the wire: gradients are sent in 16 bits, averaged, cast back
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook if name == "fp16" else default_hooks.bf16_compress_hook)
+
+    if name == "none":
+        return "all-reduce"
+    if name in ("fp16", "bf16"):  # halve the bytes on the wire: gradients are sent in 16 bits, averaged, cast back
+        ddp.register_comm_hook(
+            None, default_hooks.fp16_compress_hook if name == "fp16" else default_hooks.bf16_compress_hook
+        )
         return f"all-reduce of {name}-compressed gradients"
-    if name == "powersgd":            # low-rank approximation of each gradient matrix, with error feedback
+    if name == "powersgd":  # low-rank approximation of each gradient matrix, with error feedback
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return "PowerSGD (rank 1) after 10 plain all-reduce steps"
     raise ValueError(f"comm_hook={name!r} is not one of none, fp16, bf16, powersgd.")
 
+
 class DDPTrainer(Trainer):
     "`Trainer` + DistributedDataParallel: wrap the model, no_sync during accumulation, sum metrics across ranks."
+
     def __init__(self, cfg, model, tokenizer, train_dl, test_dl, dist_info: DistInfo, log=print, progress: bool = True):
         self.dist_info, self.averaging = dist_info, None
         super().__init__(cfg, model, tokenizer, train_dl, test_dl, device=dist_info.device, log=log, progress=progress)
 
     def _prepare_model(self, model):
-        if not self.dist_info.distributed: return model
+        if not self.dist_info.distributed:
+            return model
         ids = [self.device.index] if self.device.type == "cuda" else None
         # gradients live directly in DDP's communication buckets: one copy of every gradient less per step
         ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
@@ -140,19 +173,24 @@ class DDPTrainer(Trainer):
         return contextlib.nullcontext() if sync or not self.dist_info.distributed else self.model.no_sync()
 
     def _reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if not self.dist_info.distributed: return t
+        if not self.dist_info.distributed:
+            return t
         # NCCL reduces tensors on the GPU; gloo on the CPU
         out = t.to(self.device, torch.float64 if self.device.type == "cpu" else t.dtype)
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out.cpu().to(t.dtype)
 
     def _barrier(self):
-        if self.dist_info.distributed: dist.barrier()
+        if self.dist_info.distributed:
+            dist.barrier()
 
     @property
-    def is_main(self) -> bool: return self.dist_info.is_main
+    def is_main(self) -> bool:
+        return self.dist_info.is_main
+
     @property
-    def world_size(self) -> int: return self.dist_info.world_size
+    def world_size(self) -> int:
+        return self.dist_info.world_size
 
 # %% ../nbs/04_ddp.ipynb #bc8fb16e
 def parameter_fingerprint(model) -> torch.Tensor:
@@ -160,10 +198,12 @@ def parameter_fingerprint(model) -> torch.Tensor:
     params = [p.detach().double() for p in model.parameters()]
     return torch.stack([sum(p.sum() for p in params), sum((p * p).sum() for p in params)])
 
+
 def replicas_in_sync(model, device=None) -> bool:
     "True when every rank holds exactly the same parameters (always True in a single process)."
     mine = parameter_fingerprint(getattr(model, "module", model))
-    if not (dist.is_available() and dist.is_initialized()): return True
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
     mine = mine.to(device or "cpu")
     everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
@@ -173,22 +213,34 @@ def replicas_in_sync(model, device=None) -> bool:
 def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int = 1) -> int:
     "The per-rank batch that gives `global_batch_size` over `world_size` ranks and `grad_accum` micro-steps."
     if global_batch_size % (world_size * grad_accum):
-        raise ValueError(f"global batch size {global_batch_size} is not divisible by world size {world_size} x gradient "
-                         f"accumulation {grad_accum}. Choose a multiple of {world_size * grad_accum}, or another number of workers.")
+        raise ValueError(
+            f"global batch size {global_batch_size} is not divisible by world size {world_size} x gradient "
+            f"accumulation {grad_accum}. Choose a multiple of {world_size * grad_accum}, or another number of workers."
+        )
     return global_batch_size // (world_size * grad_accum)
 
 # %% ../nbs/04_ddp.ipynb #e427a3af
 def simulated_crash(at_step: int, rank: int = 1) -> Callable:
     "An `on_step_end` callback for the fault-tolerance demo: rank `rank` dies hard at `at_step`, on torchrun's first attempt only."
+
     def crash(trainer):
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if trainer.step == at_step and trainer.dist_info.rank == rank and first_attempt:
             print(f"[rank {rank}] simulated crash at step {at_step} (SIGKILL)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
     return crash
 
-def train_distributed(cfg, resume: str = "auto", backend: str | None = None, global_batch_size: int | None = None,
-                      timeout_s: float = 300, on_epoch_end: Callable | None = None, on_step_end: Callable | None = None):
+
+def train_distributed(
+    cfg,
+    resume: str = "auto",
+    backend: str | None = None,
+    global_batch_size: int | None = None,
+    timeout_s: float = 300,
+    on_epoch_end: Callable | None = None,
+    on_step_end: Callable | None = None,
+):
     "Train `cfg` on every rank of a torchrun (or Ray) job, or in one process; returns the trainer (rank 0 saved the checkpoint)."
     info = setup_distributed(backend, timeout_s)
     try:
@@ -197,39 +249,56 @@ def train_distributed(cfg, resume: str = "auto", backend: str | None = None, glo
         trainer = run_training(cfg, resume, dist_info=info, on_epoch_end=on_epoch_end, on_step_end=on_step_end)
         in_sync = replicas_in_sync(trainer.model, info.device)
         trainer.log(f"replicas in sync after training: {in_sync}")
-        if not in_sync: raise RuntimeError("model replicas diverged across ranks: gradients were not synchronised")
+        if not in_sync:
+            raise RuntimeError("model replicas diverged across ranks: gradients were not synchronised")
         return trainer
     finally:
         cleanup_distributed(info)
 
+
 def train_parser() -> argparse.ArgumentParser:
     "The training command line: one flag per RunConfig field, plus how to run distributed."
-    p = argparse.ArgumentParser(prog="distrinews-train", description="Fine-tune a news classifier on AG News: one process, "
-                                "or one process per worker under torchrun (`torchrun --nproc_per_node=2 train_ddp.py ...`).")
+    p = argparse.ArgumentParser(
+        prog="distrinews-train",
+        description="Fine-tune a news classifier on AG News: one process, "
+        "or one process per worker under torchrun (`torchrun --nproc_per_node=2 train_ddp.py ...`).",
+    )
     add_config_args(p)
-    p.add_argument("--global-batch-size", type=int, help="batch per optimizer step over all ranks (sets the per-rank batch)")
+    p.add_argument(
+        "--global-batch-size", type=int, help="batch per optimizer step over all ranks (sets the per-rank batch)"
+    )
     p.add_argument("--backend", choices=["nccl", "gloo"], help="default: nccl with GPUs, gloo without")
     p.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait for a missing rank")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint (error if there is none)")
     g.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in --output-dir and start over")
-    p.add_argument("--simulate-failure-at-step", type=int, help="rank 1 kills itself at this step (fault-tolerance demo)")
+    p.add_argument(
+        "--simulate-failure-at-step", type=int, help="rank 1 kills itself at this step (fault-tolerance demo)"
+    )
     p.add_argument("--check", action="store_true", help="check the configuration (profile, precision, data) and exit")
     return p
 
-@record   # under torchrun, a failing worker's error and traceback appear in torchrun's failure summary
+
+@record  # under torchrun, a failing worker's error and traceback appear in torchrun's failure summary
 def main(argv: list[str] | None = None):
     "`distrinews-train` and `train_ddp.py`: the same program alone and under torchrun."
     args = train_parser().parse_args(argv)
     try:
-        if args.check:          # what run_ddp.sh asks once, before starting workers: one message instead of one per worker
+        if args.check:  # what run_ddp.sh asks once, before starting workers: one message instead of one per worker
             cfg = config_from_args(args)
-            print(f"distrinews-train: {cfg.profile} profile, precision {pick_precision(cfg.precision, pick_device())}, "
-                  f"data from {data_source(cfg)}: OK")
+            print(
+                f"distrinews-train: {cfg.profile} profile, precision {pick_precision(cfg.precision, pick_device())}, "
+                f"data from {data_source(cfg)}: OK"
+            )
             return
         crash = simulated_crash(args.simulate_failure_at_step) if args.simulate_failure_at_step else None
-        train_distributed(config_from_args(args), resume="yes" if args.resume else "no" if args.fresh else "auto",
-                          backend=args.backend, global_batch_size=args.global_batch_size, timeout_s=args.timeout,
-                          on_step_end=crash)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:   # CheckpointError and DataFolderError are ValueErrors
+        train_distributed(
+            config_from_args(args),
+            resume="yes" if args.resume else "no" if args.fresh else "auto",
+            backend=args.backend,
+            global_batch_size=args.global_batch_size,
+            timeout_s=args.timeout,
+            on_step_end=crash,
+        )
+    except (ValueError, RuntimeError, FileNotFoundError) as e:  # CheckpointError and DataFolderError are ValueErrors
         sys.exit(f"distrinews-train: error: {e}")

@@ -19,10 +19,12 @@ def fsdp_sketch(rank: int, world_size: int, steps: int = 3, batch_size: int = 16
     "Train `tiny_mlp` with FSDP2 (`fully_shard`) on this rank's half of each batch; report shapes and the final weights."
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh("cpu", (world_size,))
-    model = tiny_mlp()                                          # the same initial weights on every rank
+    model = tiny_mlp()  # the same initial weights on every rank
     for layer in model:
-        if isinstance(layer, torch.nn.Linear): fully_shard(layer, mesh=mesh)
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     shapes = {n: (tuple(p.to_local().shape), tuple(p.shape)) for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -33,5 +35,5 @@ def fsdp_sketch(rank: int, world_size: int, steps: int = 3, batch_size: int = 16
         opt.zero_grad()
         F.cross_entropy(model(x[rows]), y[rows]).backward()
         opt.step()
-    full = {n: p.full_tensor().detach() for n, p in model.named_parameters()}   # all-gather the shards
+    full = {n: p.full_tensor().detach() for n, p in model.named_parameters()}  # all-gather the shards
     return dict(shapes=shapes, weights=full)

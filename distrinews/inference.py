@@ -19,9 +19,18 @@ from pathlib import Path
 
 import torch
 
+from distrinews.model import (
+    LABELS,
+    OFFLINE_ENCODER,
+    RANDOM_DISTILBERT,
+    ModelNotAvailableError,
+    build_classifier,
+    load_tokenizer,
+    predict,
+    resolve_model_source,
+    use_pooling,
+)
 from .train import native_bf16, pick_device
-from .model import (LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, ModelNotAvailableError, build_classifier,
-                              load_tokenizer, predict, resolve_model_source, use_pooling)
 
 # %% auto #0
 __all__ = ['WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'PROBE_TEXTS', 'make_demo_checkpoint', 'InvalidCheckpointError',
@@ -33,56 +42,91 @@ __all__ = ['WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'PROBE_TEXTS', 'make_demo_chec
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
+
 def _quiet_transformers():
     "No progress bars or 'newly initialized weights' warnings from transformers (servers and notebooks stay readable)."
     from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error(); hf_logging.disable_progress_bar()
 
-def make_demo_checkpoint(path: str | os.PathLike, model_name: str = OFFLINE_ENCODER, seed: int = 0,
-                         max_length: int = 128) -> Path:
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def make_demo_checkpoint(
+    path: str | os.PathLike, model_name: str = OFFLINE_ENCODER, seed: int = 0, max_length: int = 128
+) -> Path:
     "Write an untrained classifier in the training checkpoint format to `path` (for demos and tests)."
     _quiet_transformers()
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     build_classifier(model_name, seed=seed).save_pretrained(path)
     load_tokenizer(model_name).save_pretrained(path)
-    (path / "run_config.json").write_text(json.dumps({"name": "demo-untrained", "model_name": model_name,
-                                                      "max_length": max_length, "profile": "demo", "seed": seed}, indent=1))
+    (path / "run_config.json").write_text(
+        json.dumps(
+            {
+                "name": "demo-untrained",
+                "model_name": model_name,
+                "max_length": max_length,
+                "profile": "demo",
+                "seed": seed,
+            },
+            indent=1,
+        )
+    )
     return path
 
 # %% ../nbs/05_inference.ipynb #21941852
 class InvalidCheckpointError(ValueError):
     "A path that cannot be served as a classifier; the message says what is missing and what to do."
 
+
 def _listing(path: Path, n: int = 8) -> str:
     names = sorted(p.name for p in path.iterdir())
     return ", ".join(names[:n]) + (f", ... ({len(names)} entries)" if len(names) > n else "") if names else "nothing"
 
+
 def check_checkpoint_dir(path: str | os.PathLike) -> Path:
     "`path` as a `Path` if it looks like a servable checkpoint folder, else an `InvalidCheckpointError` saying why."
     path = Path(path).expanduser()
-    hint = ("Expected a folder written by `model.save_pretrained(dir)` and `tokenizer.save_pretrained(dir)` "
-            "(config.json, model.safetensors, tokenizer files), e.g. runs/cpu/checkpoint from distrinews-train.")
-    if not path.exists(): raise InvalidCheckpointError(f"Checkpoint {path} does not exist. {hint}")
+    hint = (
+        "Expected a folder written by `model.save_pretrained(dir)` and `tokenizer.save_pretrained(dir)` "
+        "(config.json, model.safetensors, tokenizer files), e.g. runs/cpu/checkpoint from distrinews-train."
+    )
+    if not path.exists():
+        raise InvalidCheckpointError(f"Checkpoint {path} does not exist. {hint}")
     if not path.is_dir():
-        raise InvalidCheckpointError(f"Checkpoint {path} is a file, not a folder. {hint} A reference-design .pt file can "
-                                     "be converted with `convert_reference_checkpoint`.")
+        raise InvalidCheckpointError(
+            f"Checkpoint {path} is a file, not a folder. {hint} A reference-design .pt file can "
+            "be converted with `convert_reference_checkpoint`."
+        )
     if not (path / "config.json").is_file():
-        raise InvalidCheckpointError(f"{path} is not a checkpoint: it has no config.json (it holds {_listing(path)}). {hint}")
-    try: config = json.loads((path / "config.json").read_text())
+        raise InvalidCheckpointError(
+            f"{path} is not a checkpoint: it has no config.json (it holds {_listing(path)}). {hint}"
+        )
+    try:
+        config = json.loads((path / "config.json").read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidCheckpointError(f"{path}/config.json is not valid JSON ({e}).") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise InvalidCheckpointError(f"{path}/config.json has no `model_type`: not a Hugging Face model config.")
     if not any((path / f).is_file() for f in WEIGHT_FILES):
         pickled = [f for f in PICKLE_WEIGHT_FILES if (path / f).is_file()]
-        extra = (f" It has {pickled[0]}, a pickle file; re-save it with `model.save_pretrained(dir)` (safetensors is "
-                 "the default) on a machine where you trust that file.") if pickled else ""
-        raise InvalidCheckpointError(f"{path} has no model.safetensors (it holds {_listing(path)}).{extra} "
-                                     "The server loads weights from safetensors only.")
+        extra = (
+            (
+                f" It has {pickled[0]}, a pickle file; re-save it with `model.save_pretrained(dir)` (safetensors is "
+                "the default) on a machine where you trust that file."
+            )
+            if pickled
+            else ""
+        )
+        raise InvalidCheckpointError(
+            f"{path} has no model.safetensors (it holds {_listing(path)}).{extra} "
+            "The server loads weights from safetensors only."
+        )
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
-        raise InvalidCheckpointError(f"{path} has model weights but no tokenizer files: save them beside the model "
-                                     "with `tokenizer.save_pretrained(dir)`.")
+        raise InvalidCheckpointError(
+            f"{path} has model weights but no tokenizer files: save them beside the model "
+            "with `tokenizer.save_pretrained(dir)`."
+        )
     return path
 
 # %% ../nbs/05_inference.ipynb #38425ca2
@@ -97,17 +141,23 @@ PROBE_TEXTS = [
     "New smartphone chip doubles battery life, researchers say",
 ]
 
-def choose_dtype(model, tokenizer, device: str | torch.device, requested: str = "auto", probes=PROBE_TEXTS,
-                 max_length: int = 128) -> tuple[torch.dtype | None, str]:
+
+def choose_dtype(
+    model, tokenizer, device: str | torch.device, requested: str = "auto", probes=PROBE_TEXTS, max_length: int = 128
+) -> tuple[torch.dtype | None, str]:
     "The autocast dtype to serve with (None: float32) and why. `requested`: auto | fp32 | bf16."
-    if requested not in ("auto", "fp32", "bf16"): raise ValueError(f"dtype must be auto, fp32 or bf16, not {requested!r}")
+    if requested not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"dtype must be auto, fp32 or bf16, not {requested!r}")
     device = torch.device(device)
-    if requested == "fp32": return None, "fp32: requested"
-    if requested == "auto" and not native_bf16(device): return None, f"fp32: this {device.type} has no native bf16"
+    if requested == "fp32":
+        return None, "fp32: requested"
+    if requested == "auto" and not native_bf16(device):
+        return None, f"fp32: this {device.type} has no native bf16"
     ref = predict(model, tokenizer, list(probes), max_length=max_length, device=device)
     low = predict(model, tokenizer, list(probes), max_length=max_length, device=device, dtype=torch.bfloat16)
     flips = [t for t, a, b in zip(probes, ref, low) if a["label"] != b["label"]]
-    if flips: return None, f"fp32: bf16 changed the label of {len(flips)} of {len(probes)} probe texts"
+    if flips:
+        return None, f"fp32: bf16 changed the label of {len(flips)} of {len(probes)} probe texts"
     gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(ref, low) for k in a["probabilities"])
     return torch.bfloat16, f"bf16: same labels as fp32 on {len(probes)} probe texts (max probability change {gap:.3f})"
 
@@ -115,35 +165,47 @@ def choose_dtype(model, tokenizer, device: str | torch.device, requested: str = 
 @dataclass
 class Classifier:
     "A loaded text classifier: `predict(text)` and `predict_batch(texts)` give label, confidence and probabilities."
+
     model: torch.nn.Module
     tokenizer: object
     device: torch.device
-    dtype: torch.dtype | None = None       # autocast dtype; None: float32
-    max_length: int = 128                  # tokens; longer texts are truncated
-    batch_size: int = 64                   # texts per forward pass inside predict_batch
+    dtype: torch.dtype | None = None  # autocast dtype; None: float32
+    max_length: int = 128  # tokens; longer texts are truncated
+    batch_size: int = 64  # texts per forward pass inside predict_batch
     name: str = "classifier"
     version: str = "unknown"
     info: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
-    def labels(self) -> list[str]: return [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
+    def labels(self) -> list[str]:
+        return [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
 
     @property
-    def dtype_name(self) -> str: return "bf16" if self.dtype == torch.bfloat16 else "fp32"
+    def dtype_name(self) -> str:
+        return "bf16" if self.dtype == torch.bfloat16 else "fp32"
 
     def predict_batch(self, texts: list[str]) -> list[dict]:
         "One dict per text, in input order: `label`, `confidence` and `probabilities` (every label)."
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("predict_batch expects a list of strings")
-        if not texts: return []
+        if not texts:
+            return []
         with self._lock:
-            return predict(self.model, self.tokenizer, list(texts), batch_size=self.batch_size,
-                           max_length=self.max_length, device=self.device, dtype=self.dtype)
+            return predict(
+                self.model,
+                self.tokenizer,
+                list(texts),
+                batch_size=self.batch_size,
+                max_length=self.max_length,
+                device=self.device,
+                dtype=self.dtype,
+            )
 
     def predict(self, text: str) -> dict:
         "Label, confidence and all probabilities for one text."
-        if not isinstance(text, str): raise TypeError(f"predict expects a string, got {type(text).__name__}")
+        if not isinstance(text, str):
+            raise TypeError(f"predict expects a string, got {type(text).__name__}")
         return self.predict_batch([text])[0]
 
 # %% ../nbs/05_inference.ipynb #9af2c0d8
@@ -152,19 +214,29 @@ def weights_digest(path: str | os.PathLike, n: int = 12) -> str:
     h = hashlib.sha256()
     for f in sorted(Path(path).glob("model*.safetensors")):
         with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""): h.update(chunk)
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
     return h.hexdigest()[:n]
 
+
 def _read_json(path: Path) -> dict:
-    try: data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError): return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
     return data if isinstance(data, dict) else {}
 
 # %% ../nbs/05_inference.ipynb #bcab0312
-def load_classifier(path: str | os.PathLike, device: str | torch.device | None = "auto", dtype: str = "auto",
-                    max_length: int | None = None, base_model: str | None = None) -> Classifier:
+def load_classifier(
+    path: str | os.PathLike,
+    device: str | torch.device | None = "auto",
+    dtype: str = "auto",
+    max_length: int | None = None,
+    base_model: str | None = None,
+) -> Classifier:
     "A `Classifier` from a checkpoint folder (or a reference-design `.pt` file, loaded with `weights_only=True`)."
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     _quiet_transformers()
     device = pick_device(device)
     path = Path(path).expanduser()
@@ -174,20 +246,29 @@ def load_classifier(path: str | os.PathLike, device: str | torch.device | None =
     else:
         path = check_checkpoint_dir(path)
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(path, use_safetensors=True, local_files_only=True)
-            use_pooling(model)   # the head reads what it was trained on (config.distrinews_pooling)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, use_safetensors=True, local_files_only=True
+            )
+            use_pooling(model)  # the head reads what it was trained on (config.distrinews_pooling)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as e:   # corrupt weights, a config for an unknown architecture, ...: one clear line
+        except Exception as e:  # corrupt weights, a config for an unknown architecture, ...: one clear line
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             raise InvalidCheckpointError(f"Could not load the checkpoint in {path}: {type(e).__name__}: {first}") from e
         run_config, version, name = _read_json(path / "run_config.json"), weights_digest(path), path.name
-    if max_length is None: max_length = int(run_config.get("max_length") or min(tokenizer.model_max_length, 512))
-    if run_config.get("name"): name = str(run_config["name"])
-    elif run_config.get("model_name"): name = str(run_config["model_name"]).rstrip("/").split("/")[-1] + "-agnews"
+    if max_length is None:
+        max_length = int(run_config.get("max_length") or min(tokenizer.model_max_length, 512))
+    if run_config.get("name"):
+        name = str(run_config["name"])
+    elif run_config.get("model_name"):
+        name = str(run_config["model_name"]).rstrip("/").split("/")[-1] + "-agnews"
     model.to(device).eval().requires_grad_(False)
     chosen, why = choose_dtype(model, tokenizer, device, dtype, max_length=max_length)
-    info = dict(base_model=run_config.get("model_name") or model.config.model_type, dtype_reason=why, path=str(path),
-                metrics=_read_json(path / "metrics.json") if path.is_dir() else {})
+    info = dict(
+        base_model=run_config.get("model_name") or model.config.model_type,
+        dtype_reason=why,
+        path=str(path),
+        metrics=_read_json(path / "metrics.json") if path.is_dir() else {},
+    )
     return Classifier(model, tokenizer, device, chosen, max_length, name=name, version=version, info=info)
 
 # %% ../nbs/05_inference.ipynb #9b05a28d
@@ -195,31 +276,44 @@ def _strip_prefixes(state_dict: dict) -> dict:
     out = {}
     for key, value in state_dict.items():
         for prefix in ("module.", "model."):
-            if key.startswith(prefix): key = key[len(prefix):]
+            if key.startswith(prefix):
+                key = key[len(prefix) :]
         out[key] = value
     return out
 
+
 def _architecture(base_model: str):
     "A classifier with the architecture of `base_model`; random DistilBERT when distilbert-base-uncased is not local."
-    try: return build_classifier(base_model, seed=0), load_tokenizer(base_model)
+    try:
+        return build_classifier(base_model, seed=0), load_tokenizer(base_model)
     except ModelNotAvailableError:
-        if base_model != "distilbert-base-uncased": raise
+        if base_model != "distilbert-base-uncased":
+            raise
         return build_classifier(RANDOM_DISTILBERT, seed=0), load_tokenizer(RANDOM_DISTILBERT)
+
 
 def load_reference_checkpoint(pt_path: str | os.PathLike, base_model: str | None = None):
     "Model, tokenizer and metadata from a reference-design `.pt` checkpoint, unpickled with `weights_only=True`."
     pt_path = Path(pt_path)
-    if not pt_path.is_file(): raise InvalidCheckpointError(f"Checkpoint file {pt_path} does not exist.")
-    try: ckpt = torch.load(pt_path, map_location="cpu", weights_only=True)
+    if not pt_path.is_file():
+        raise InvalidCheckpointError(f"Checkpoint file {pt_path} does not exist.")
+    try:
+        ckpt = torch.load(pt_path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        if not found: raise InvalidCheckpointError(f"{pt_path} is not a PyTorch checkpoint file (it cannot be unpickled).") from None
-        raise InvalidCheckpointError(f"Refused to load {pt_path}: it contains Python objects other than tensors and "
-                                     f"plain values (here: {found.group(1)}), which could run code when unpickled. Load "
-                                     "it only if you trust its source, and re-save the weights with safetensors.") from None
+        if not found:
+            raise InvalidCheckpointError(
+                f"{pt_path} is not a PyTorch checkpoint file (it cannot be unpickled)."
+            ) from None
+        raise InvalidCheckpointError(
+            f"Refused to load {pt_path}: it contains Python objects other than tensors and "
+            f"plain values (here: {found.group(1)}), which could run code when unpickled. Load "
+            "it only if you trust its source, and re-save the weights with safetensors."
+        ) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise InvalidCheckpointError(f"{pt_path} is not a PyTorch checkpoint file ({e}).") from None
-    if not isinstance(ckpt, dict): raise InvalidCheckpointError(f"{pt_path} holds a {type(ckpt).__name__}, not a dict.")
+    if not isinstance(ckpt, dict):
+        raise InvalidCheckpointError(f"{pt_path} holds a {type(ckpt).__name__}, not a dict.")
     state = ckpt.get("model_state_dict", ckpt)
     if not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise InvalidCheckpointError(f"{pt_path} has no `model_state_dict` of tensors (keys: {sorted(ckpt)[:10]}).")
@@ -230,122 +324,175 @@ def load_reference_checkpoint(pt_path: str | os.PathLike, base_model: str | None
     model, tokenizer = _architecture(base)
     mismatch = f"{pt_path} does not match the architecture of {base!r}"
     fix = "Pass base_model= the model it was trained from."
-    try: missing, unexpected = model.load_state_dict(_strip_prefixes(state), strict=False)
-    except RuntimeError as e:   # tensors of the wrong shape
+    try:
+        missing, unexpected = model.load_state_dict(_strip_prefixes(state), strict=False)
+    except RuntimeError as e:  # tensors of the wrong shape
         detail = [l.strip() for l in str(e).splitlines() if "size mismatch" in l][:2]
         raise InvalidCheckpointError(f"{mismatch}: {'; '.join(detail) or e}. {fix}") from None
     if missing or unexpected:
         raise InvalidCheckpointError(f"{mismatch}: missing {missing[:5]}, unexpected {unexpected[:5]}. {fix}")
     digest = hashlib.sha256(pt_path.read_bytes()).hexdigest()[:12]
-    meta = dict(model_name=base, max_length=config.get("max_length", 128), version=digest, converted_from=str(pt_path),
-                **{k: ckpt[k] for k in ("epoch", "loss", "accuracy") if isinstance(ckpt.get(k), (int, float))})
+    meta = dict(
+        model_name=base,
+        max_length=config.get("max_length", 128),
+        version=digest,
+        converted_from=str(pt_path),
+        **{k: ckpt[k] for k in ("epoch", "loss", "accuracy") if isinstance(ckpt.get(k), (int, float))},
+    )
     return model.eval(), tokenizer, meta
 
-def convert_reference_checkpoint(pt_path: str | os.PathLike, out_dir: str | os.PathLike,
-                                 base_model: str | None = None) -> Path:
+
+def convert_reference_checkpoint(
+    pt_path: str | os.PathLike, out_dir: str | os.PathLike, base_model: str | None = None
+) -> Path:
     "Convert a reference-design `.pt` checkpoint into a safetensors checkpoint folder that `load_classifier` serves."
     model, tokenizer, meta = load_reference_checkpoint(pt_path, base_model)
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir); tokenizer.save_pretrained(out_dir)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     (out_dir / "run_config.json").write_text(json.dumps(meta, indent=1))
     return out_dir
 
 # %% ../nbs/05_inference.ipynb #a522e998
 class QueueFullError(RuntimeError):
     "The micro-batcher's queue is full; try again after `retry_after` seconds."
+
     def __init__(self, message: str, retry_after: float = 1.0):
-        super().__init__(message); self.retry_after = retry_after
+        super().__init__(message)
+        self.retry_after = retry_after
+
 
 @dataclass
 class _Job:
     items: list
     future: Future
 
+
 class MicroBatcher:
     "Groups concurrently submitted jobs into single calls of `fn(items) -> results` on one worker thread."
-    def __init__(self, fn, max_batch_size: int = 32, max_wait_ms: float = 5.0, queue_limit: int = 256,
-                 retry_after: float = 1.0, name: str = "micro-batcher"):
+
+    def __init__(
+        self,
+        fn,
+        max_batch_size: int = 32,
+        max_wait_ms: float = 5.0,
+        queue_limit: int = 256,
+        retry_after: float = 1.0,
+        name: str = "micro-batcher",
+    ):
         if max_batch_size < 1 or queue_limit < 1 or max_wait_ms < 0:
             raise ValueError("max_batch_size and queue_limit must be >= 1 and max_wait_ms >= 0")
-        self.fn, self.max_batch_size, self.max_wait, self.queue_limit = fn, max_batch_size, max_wait_ms / 1000, queue_limit
+        self.fn, self.max_batch_size, self.max_wait, self.queue_limit = (
+            fn,
+            max_batch_size,
+            max_wait_ms / 1000,
+            queue_limit,
+        )
         self.retry_after, self.name = retry_after, name
         self._queue: collections.deque[_Job] = collections.deque()
-        self._queued = 0                                  # items waiting (not yet running)
+        self._queued = 0  # items waiting (not yet running)
         self._cond = threading.Condition()
         self._stopping, self._thread = False, None
-        self._last_batch = max_batch_size                 # texts in the last batch: how many to wait for next time
+        self._last_batch = max_batch_size  # texts in the last batch: how many to wait for next time
         self.stats = dict(batches=0, items=0, largest_batch=0, rejected=0)
 
     @property
-    def queued(self) -> int: return self._queued
+    def queued(self) -> int:
+        return self._queued
 
     def submit(self, items: list) -> Future:
         "Queue `items` (a list); the future resolves to their results, in order. Raises `QueueFullError` when full."
         items = list(items)
         fut = Future()
-        if not items: fut.set_result([]); return fut
+        if not items:
+            fut.set_result([])
+            return fut
         with self._cond:
-            if self._stopping: raise RuntimeError(f"{self.name} is stopped")
+            if self._stopping:
+                raise RuntimeError(f"{self.name} is stopped")
             if self._queued + len(items) > self.queue_limit:
                 self.stats["rejected"] += 1
-                raise QueueFullError(f"server busy: {self._queued} texts are waiting (queue limit "
-                                     f"{self.queue_limit}); retry in {self.retry_after:g} s", self.retry_after)
-            self._queue.append(_Job(items, fut)); self._queued += len(items)
+                raise QueueFullError(
+                    f"server busy: {self._queued} texts are waiting (queue limit "
+                    f"{self.queue_limit}); retry in {self.retry_after:g} s",
+                    self.retry_after,
+                )
+            self._queue.append(_Job(items, fut))
+            self._queued += len(items)
             self._cond.notify()
         return fut
 
     def _next_batch(self) -> list[_Job] | None:
         with self._cond:
             while not self._queue:
-                if self._stopping: return None
+                if self._stopping:
+                    return None
                 self._cond.wait()
             # wait for the batch to fill, but only for as many texts as the last batch had: as many clients are
             # probably waiting again. One client never waits; 32 clients fill a batch of 32.
             deadline, expected = time.monotonic() + self.max_wait, min(self.max_batch_size, self._last_batch)
             while self._queued < expected and not self._stopping:
                 left = deadline - time.monotonic()
-                if left <= 0: break
+                if left <= 0:
+                    break
                 self._cond.wait(left)
             jobs, n = [], 0
             while self._queue and (not jobs or n + len(self._queue[0].items) <= self.max_batch_size):
-                job = self._queue.popleft(); self._queued -= len(job.items)
-                if job.future.set_running_or_notify_cancel(): jobs.append(job); n += len(job.items)
+                job = self._queue.popleft()
+                self._queued -= len(job.items)
+                if job.future.set_running_or_notify_cancel():
+                    jobs.append(job)
+                    n += len(job.items)
             self._last_batch = max(1, n)
             return jobs
 
     def _run(self):
         while (jobs := self._next_batch()) is not None:
-            if not jobs: continue
+            if not jobs:
+                continue
             items = [x for job in jobs for x in job.items]
             try:
                 results = list(self.fn(items))
-                if len(results) != len(items): raise RuntimeError(f"fn returned {len(results)} results for {len(items)} items")
+                if len(results) != len(items):
+                    raise RuntimeError(f"fn returned {len(results)} results for {len(items)} items")
             except BaseException as e:
-                for job in jobs: job.future.set_exception(e)
+                for job in jobs:
+                    job.future.set_exception(e)
                 continue
-            self.stats["batches"] += 1; self.stats["items"] += len(items)
+            self.stats["batches"] += 1
+            self.stats["items"] += len(items)
             self.stats["largest_batch"] = max(self.stats["largest_batch"], len(items))
             start = 0
             for job in jobs:
-                job.future.set_result(results[start:start + len(job.items)]); start += len(job.items)
+                job.future.set_result(results[start : start + len(job.items)])
+                start += len(job.items)
 
-    def start(self) -> "MicroBatcher":
+    def start(self) -> MicroBatcher:
         "Start the worker thread (idempotent)."
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True); self._thread.start()
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
         return self
 
     def stop(self, timeout: float | None = 30):
         "Finish the jobs already queued, then stop the worker."
-        with self._cond: self._stopping = True; self._cond.notify_all()
-        if self._thread is not None: self._thread.join(timeout)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
-    def __enter__(self): return self.start()
-    def __exit__(self, *exc): self.stop()
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
 
 # %% ../nbs/05_inference.ipynb #2fb1b841
 def default_checkpoint(profile: str | None = None, root: str | os.PathLike | None = None) -> Path | None:
     "The training checkpoint of `profile` (in its `run_folder`, looked up from `root`), or None if there is none yet."
     from distrinews.model import get_config, run_folder
+
     path = run_folder(get_config(profile), root) / "checkpoint"
     return path if (path / "config.json").exists() else None

@@ -34,22 +34,26 @@ __all__ = ['SEARCHED', 'start_ray', 'ray_train_loop', 'train_with_ray', 'suggest
 def start_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool = True) -> dict:
     "Join a Ray cluster (`address`: 'auto' or 'HOST:6379') or start a local one; returns the cluster's resources."
     import ray
+
     # Ray Train's preemption watcher is one more actor (one more Python process) per run: nothing to watch on a
     # machine of our own, and every process costs seconds to start on a small one
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # starting a worker group means starting Python processes that import torch: on a small, busy machine that can
     # take longer than Ray's default minute
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "300")
-    if quiet:   # Ray's notice that a new local cluster uses token authentication (its default, and what we want)
+    if quiet:  # Ray's notice that a new local cluster uses token authentication (its default, and what we want)
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if not ray.is_initialized():
         local = dict(num_cpus=num_cpus, include_dashboard=False) if address is None else {}
         # quiet: no worker logs on the driver and none of Ray's INFO lines ("Started a local Ray instance", ...)
         local["logging_level"] = logging.WARNING if quiet else logging.INFO
-        try: ray.init(address=address, log_to_driver=not quiet, **local)
-        except Exception as e:    # Ray gives a new local node 30 s to register: on a busy machine, once more
-            if address is not None or "timed out during startup" not in str(e): raise
-            ray.shutdown(); ray.init(log_to_driver=not quiet, **local)
+        try:
+            ray.init(address=address, log_to_driver=not quiet, **local)
+        except Exception as e:  # Ray gives a new local node 30 s to register: on a busy machine, once more
+            if address is not None or "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
+            ray.init(log_to_driver=not quiet, **local)
     return ray.cluster_resources()
 
 # %% ../nbs/11_scale_out.ipynb #050ec9f4
@@ -57,199 +61,323 @@ def _numbers(metrics: dict) -> dict:
     "The plain numbers among an epoch's metrics: what Ray and Optuna store (the confusion matrix stays in metrics.json)."
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
+
 def ray_train_loop(config: dict):
     "What Ray Train runs on every worker: `train_distributed`, resumed from Ray's last reported checkpoint if there is one."
     import ray.train
+
     from distrinews.ddp import parameter_fingerprint, train_distributed
     from distrinews.train import load_training_state
+
     rank = ray.train.get_context().get_world_rank()
-    cfg = dataclasses.replace(RunConfig(**config["run_config"]), output_dir=str(Path(config["output_dir"]) / f"rank{rank}"))
+    cfg = dataclasses.replace(
+        RunConfig(**config["run_config"]), output_dir=str(Path(config["output_dir"]) / f"rank{rank}")
+    )
     shutil.rmtree(cfg.output_dir, ignore_errors=True)
-    restored, resumed_from = ray.train.get_checkpoint(), 0     # None on a fresh start
+    restored, resumed_from = ray.train.get_checkpoint(), 0  # None on a fresh start
     if restored is not None:
         with restored.as_directory() as folder:
             shutil.copytree(folder, Path(cfg.output_dir) / "checkpoint")
         resumed_from = load_training_state(Path(cfg.output_dir) / "checkpoint")[0]["epoch"]
     # the fault-tolerance demo: rank 1 dies hard at a given step, on the first attempt only (later ones have a checkpoint)
     fail_at_step = config.get("fail_at_step") if restored is None else None
+
     def crash(trainer):
         if trainer.step == fail_at_step and rank == 1:
             print(f"[rank 1] simulated crash at step {trainer.step} (SIGKILL)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
     def report(trainer, metrics):
         total, squares = parameter_fingerprint(trainer.unwrapped).tolist()
-        numbers = dict(_numbers(metrics), resumed_from_epoch=resumed_from, fingerprint_sum=total, fingerprint_sq=squares)
+        numbers = dict(
+            _numbers(metrics), resumed_from_epoch=resumed_from, fingerprint_sum=total, fingerprint_sq=squares
+        )
         # every rank reports (Ray waits for all of them); rank 0 attaches the checkpoint the trainer has just written
         checkpoint = ray.train.Checkpoint.from_directory(str(trainer.checkpoint_dir)) if trainer.is_main else None
         ray.train.report(numbers, checkpoint=checkpoint)
-    train_distributed(cfg, resume="auto", global_batch_size=config.get("global_batch_size"), on_epoch_end=report,
-                      on_step_end=crash if fail_at_step else None)
+
+    train_distributed(
+        cfg,
+        resume="auto",
+        global_batch_size=config.get("global_batch_size"),
+        on_epoch_end=report,
+        on_step_end=crash if fail_at_step else None,
+    )
 
 # %% ../nbs/11_scale_out.ipynb #f8a53bd3
 def _portable(cfg: RunConfig) -> dict:
     "`cfg` as a dict with absolute paths: Ray workers run in folders (and maybe on machines) of their own."
     from distrinews.data import find_data_dir
-    data_dir = find_data_dir(cfg.data_dir)
-    return dataclasses.asdict(dataclasses.replace(cfg, data_dir=str(data_dir.resolve()) if data_dir else None,
-                                                  output_dir=str(Path(cfg.output_dir).resolve())))
 
-def train_with_ray(cfg: RunConfig, num_workers: int = 2, use_gpu: bool | None = None, max_failures: int = 0,
-                   storage_path: str | None = None, name: str = "distrinews", global_batch_size: int | None = None,
-                   fail_at_step: int | None = None):
+    data_dir = find_data_dir(cfg.data_dir)
+    return dataclasses.asdict(
+        dataclasses.replace(
+            cfg, data_dir=str(data_dir.resolve()) if data_dir else None, output_dir=str(Path(cfg.output_dir).resolve())
+        )
+    )
+
+
+def train_with_ray(
+    cfg: RunConfig,
+    num_workers: int = 2,
+    use_gpu: bool | None = None,
+    max_failures: int = 0,
+    storage_path: str | None = None,
+    name: str = "distrinews",
+    global_batch_size: int | None = None,
+    fail_at_step: int | None = None,
+):
     """Train `cfg` with DDP on `num_workers` Ray workers (one GPU each where there are GPUs); Ray replaces failed workers
     up to `max_failures` times, resuming from the last reported checkpoint. Returns Ray's `Result`."""
     import ray.train
     from ray.train.torch import TorchTrainer
+
     run_config = _portable(cfg)
-    storage = storage_path or str(Path(run_config["output_dir"]) / "ray")   # on a cluster: a shared folder or a bucket
+    storage = storage_path or str(Path(run_config["output_dir"]) / "ray")  # on a cluster: a shared folder or a bucket
     trainer = TorchTrainer(
         ray_train_loop,
-        train_loop_config=dict(run_config=run_config, output_dir=str(Path(run_config["output_dir"]) / "workers"),
-                               global_batch_size=global_batch_size, fail_at_step=fail_at_step),
-        scaling_config=ray.train.ScalingConfig(num_workers=num_workers,
-                                               use_gpu=torch.cuda.is_available() if use_gpu is None else use_gpu),
-        run_config=ray.train.RunConfig(name=name, storage_path=storage,
-                                       failure_config=ray.train.FailureConfig(max_failures=max_failures),
-                                       checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)))   # the rest is history
+        train_loop_config=dict(
+            run_config=run_config,
+            output_dir=str(Path(run_config["output_dir"]) / "workers"),
+            global_batch_size=global_batch_size,
+            fail_at_step=fail_at_step,
+        ),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=num_workers, use_gpu=torch.cuda.is_available() if use_gpu is None else use_gpu
+        ),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=ray.train.FailureConfig(max_failures=max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+        ),
+    )  # the rest is history
     return trainer.fit()
 
 # %% ../nbs/11_scale_out.ipynb #c3c76652
-SEARCHED = ("lr", "warmup_ratio", "batch_size", "weight_decay", "label_smoothing", "layer_lr_decay", "pooling", "epochs")
+SEARCHED = (
+    "lr",
+    "warmup_ratio",
+    "batch_size",
+    "weight_decay",
+    "label_smoothing",
+    "layer_lr_decay",
+    "pooling",
+    "epochs",
+)
+
 
 def suggest_settings(trial, max_epochs: int = 3) -> dict:
     "The settings one trial tries (works with an Optuna trial, and inside Ray Tune's `OptunaSearch`)."
-    return dict(lr=trial.suggest_float("lr", 1e-5, 3e-4, log=True),
-                warmup_ratio=trial.suggest_float("warmup_ratio", 0.0, 0.2),
-                batch_size=trial.suggest_categorical("batch_size", [16, 32, 64]),
-                weight_decay=trial.suggest_float("weight_decay", 0.0, 0.1),
-                label_smoothing=trial.suggest_float("label_smoothing", 0.0, 0.2),
-                layer_lr_decay=trial.suggest_float("layer_lr_decay", 0.6, 1.0),
-                pooling=trial.suggest_categorical("pooling", ["cls", "mean"]),
-                epochs=trial.suggest_int("epochs", 1, max_epochs))
+    return dict(
+        lr=trial.suggest_float("lr", 1e-5, 3e-4, log=True),
+        warmup_ratio=trial.suggest_float("warmup_ratio", 0.0, 0.2),
+        batch_size=trial.suggest_categorical("batch_size", [16, 32, 64]),
+        weight_decay=trial.suggest_float("weight_decay", 0.0, 0.1),
+        label_smoothing=trial.suggest_float("label_smoothing", 0.0, 0.2),
+        layer_lr_decay=trial.suggest_float("layer_lr_decay", 0.6, 1.0),
+        pooling=trial.suggest_categorical("pooling", ["cls", "mean"]),
+        epochs=trial.suggest_int("epochs", 1, max_epochs),
+    )
+
 
 def trial_config(base: RunConfig, settings: dict, name: str) -> RunConfig:
     "The run a trial trains: `base` with `settings`, evaluated on held-out training rows, in a folder of its own."
     if base.validation_size < 1:
-        raise ValueError("tuning needs validation_size >= 1: settings are chosen on held-out training rows, never on "
-                         "the test split (e.g. --validation-size 1000).")
+        raise ValueError(
+            "tuning needs validation_size >= 1: settings are chosen on held-out training rows, never on "
+            "the test split (e.g. --validation-size 1000)."
+        )
     return dataclasses.replace(base, **settings, eval_split="validation", output_dir=str(Path(base.output_dir) / name))
 
 # %% ../nbs/11_scale_out.ipynb #208e620a
 def objective(trial, base: RunConfig, max_epochs: int = 3) -> float:
     "Train one trial; report validation accuracy after every epoch (the pruner may stop it); return the last accuracy."
     import optuna
+
     from distrinews.train import make_trainer
+
     cfg = trial_config(base, suggest_settings(trial, max_epochs), f"trial_{trial.number}")
-    if cfg.num_threads: torch.set_num_threads(cfg.num_threads)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
     curve = []
+
     def report(trainer, metrics):
         curve.append(metrics["accuracy"])
         trial.set_user_attr("val_accuracy", curve)
         trial.report(metrics["accuracy"], metrics["epoch"])
         if trial.should_prune():
-            raise optuna.TrialPruned(f"epoch {metrics['epoch']}: validation accuracy {metrics['accuracy']:.2%} is below "
-                                     "the median of the finished trials")
-    try: make_trainer(cfg, progress=False, log=lambda *a: None).fit(on_epoch_end=report)
-    finally: shutil.rmtree(cfg.output_dir, ignore_errors=True)      # a search keeps numbers, not a checkpoint per trial
+            raise optuna.TrialPruned(
+                f"epoch {metrics['epoch']}: validation accuracy {metrics['accuracy']:.2%} is below "
+                "the median of the finished trials"
+            )
+
+    try:
+        make_trainer(cfg, progress=False, log=lambda *a: None).fit(on_epoch_end=report)
+    finally:
+        shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a search keeps numbers, not a checkpoint per trial
     return curve[-1]
 
 # %% ../nbs/11_scale_out.ipynb #4063780a
 class StorageError(RuntimeError):
     "The study's database cannot be used; the message names the URL and what to check."
 
+
 def redact(url: str) -> str:
     "`url` with its password replaced by ***."
     parts = urlsplit(url)
     return url.replace(f":{parts.password}@", ":***@", 1) if parts.password else url
 
+
 def _reason(e: Exception) -> str:
     "The first line of what the database driver said (sqlalchemy wraps it in `e.orig`)."
     return (str(getattr(e, "orig", None) or e).strip().splitlines() or [type(e).__name__])[0]
 
+
 def open_storage(url: str, heartbeat_interval: int | None = 10, grace_period: int | None = None, retries: int = 1):
     "An Optuna storage for `url` (a database URL, or a journal file `journal:PATH` / `*.log`); see above."
     import warnings
+
     from optuna import storages
     from optuna.exceptions import ExperimentalWarning
+
     if url.startswith("journal:") or url.endswith(".log"):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
-        path = Path(url.removeprefix("journal:")); path.parent.mkdir(parents=True, exist_ok=True)
+
+        path = Path(url.removeprefix("journal:"))
+        path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
-    if url.startswith("sqlite:///"): Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     # fail within seconds, not after the operating system's TCP timeout of minutes
     engine = {"connect_args": {"connect_timeout": 10}} if url.startswith(("postgresql", "mysql")) else {}
     try:
-        with warnings.catch_warnings():   # heartbeats are marked experimental: they have worked since Optuna 2.x
+        with warnings.catch_warnings():  # heartbeats are marked experimental: they have worked since Optuna 2.x
             warnings.simplefilter("ignore", ExperimentalWarning)
             retry = {}
-            if heartbeat_interval:        # Optuna 4.9 renamed the callback; older versions have only the first name
-                retry = ({"heartbeat_stale_trial_callback": storages.RetryHeartbeatStaleTrialCallback(max_retry=retries)}
-                         if hasattr(storages, "RetryHeartbeatStaleTrialCallback")
-                         else {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=retries)})
-            return storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_interval,
-                                       grace_period=grace_period, **retry)
-    except Exception as e:    # sqlalchemy's OperationalError / ArgumentError, or a missing driver (ImportError)
-        raise StorageError(f"cannot open the study storage {redact(url)}: {_reason(e)}. Check that the database server is "
-                           "running and reachable from this machine (pg_isready -h HOST -p PORT), that the user, password "
-                           "and database in the URL exist, and that the driver is installed (pip install "
-                           "'distrinews[scale]' brings psycopg).") from None
+            if heartbeat_interval:  # Optuna 4.9 renamed the callback; older versions have only the first name
+                retry = (
+                    {"heartbeat_stale_trial_callback": storages.RetryHeartbeatStaleTrialCallback(max_retry=retries)}
+                    if hasattr(storages, "RetryHeartbeatStaleTrialCallback")
+                    else {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=retries)}
+                )
+            return storages.RDBStorage(
+                url, engine_kwargs=engine, heartbeat_interval=heartbeat_interval, grace_period=grace_period, **retry
+            )
+    except Exception as e:  # sqlalchemy's OperationalError / ArgumentError, or a missing driver (ImportError)
+        raise StorageError(
+            f"cannot open the study storage {redact(url)}: {_reason(e)}. Check that the database server is "
+            "running and reachable from this machine (pg_isready -h HOST -p PORT), that the user, password "
+            "and database in the URL exist, and that the driver is installed (pip install "
+            "'distrinews[scale]' brings psycopg)."
+        ) from None
 
 # %% ../nbs/11_scale_out.ipynb #f95751a8
 def make_pruner(startup_trials: int = 2, warmup_epochs: int = 0):
     """The median rule: stop a trial after an epoch whose accuracy is below the median of the finished trials at that
     epoch; never before `startup_trials` trials have finished, nor during a trial's first `warmup_epochs` epochs."""
     import optuna
+
     # trials report epoch e as step e (1, 2, 3...) and Optuna judges every step >= n_warmup_steps: epochs
     # 1..warmup_epochs are spared only with n_warmup_steps = warmup_epochs + 1
     return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_epochs + 1)
 
+
 def open_study(storage, name: str, startup_trials: int = 2, seed: int | None = None, warmup_epochs: int = 0):
     "Create study `name` in `storage`, or load it if another worker already did."
     import optuna
-    return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                               pruner=make_pruner(startup_trials, warmup_epochs), sampler=optuna.samplers.TPESampler(seed=seed))
 
-def tune_worker(storage_url: str, study_name: str, trials: int, base: RunConfig, max_epochs: int = 3,
-                startup_trials: int = 2, heartbeat_interval: int = 10, grace_period: int | None = None,
-                seed: int | None = None, warmup_epochs: int = 0):
+    return optuna.create_study(
+        study_name=name,
+        storage=storage,
+        direction="maximize",
+        load_if_exists=True,
+        pruner=make_pruner(startup_trials, warmup_epochs),
+        sampler=optuna.samplers.TPESampler(seed=seed),
+    )
+
+
+def tune_worker(
+    storage_url: str,
+    study_name: str,
+    trials: int,
+    base: RunConfig,
+    max_epochs: int = 3,
+    startup_trials: int = 2,
+    heartbeat_interval: int = 10,
+    grace_period: int | None = None,
+    seed: int | None = None,
+    warmup_epochs: int = 0,
+):
     "One worker of a distributed search: run `trials` trials of the shared study, then return the study."
     import optuna
     from transformers.utils import logging as hf_logging
-    optuna.logging.set_verbosity(optuna.logging.WARNING)        # one line per trial from us, not Optuna's as well
-    hf_logging.disable_progress_bar()                            # nor a progress bar for every checkpoint written
-    study = open_study(open_storage(storage_url, heartbeat_interval, grace_period), study_name, startup_trials, seed, warmup_epochs)
-    def said(study, trial): print(f"[worker {os.getpid()}] trial {trial.number}: {trial.state.name} {trial.params}"
-                                  f" validation accuracy {trial.user_attrs.get('val_accuracy')}", flush=True)
-    try: study.optimize(lambda trial: objective(trial, base, max_epochs), n_trials=trials, callbacks=[said])
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial from us, not Optuna's as well
+    hf_logging.disable_progress_bar()  # nor a progress bar for every checkpoint written
+    study = open_study(
+        open_storage(storage_url, heartbeat_interval, grace_period), study_name, startup_trials, seed, warmup_epochs
+    )
+
+    def said(study, trial):
+        print(
+            f"[worker {os.getpid()}] trial {trial.number}: {trial.state.name} {trial.params}"
+            f" validation accuracy {trial.user_attrs.get('val_accuracy')}",
+            flush=True,
+        )
+
+    try:
+        study.optimize(lambda trial: objective(trial, base, max_epochs), n_trials=trials, callbacks=[said])
     except Exception as e:
-        if not type(e).__module__.startswith("sqlalchemy"): raise
-        raise StorageError(f"lost the study storage {redact(storage_url)} during the search: {_reason(e)}. Restart this "
-                           "worker once the database is back; the trial it was running is then failed (its heartbeat "
-                           "stopped) and retried.") from None
+        if not type(e).__module__.startswith("sqlalchemy"):
+            raise
+        raise StorageError(
+            f"lost the study storage {redact(storage_url)} during the search: {_reason(e)}. Restart this "
+            "worker once the database is back; the trial it was running is then failed (its heartbeat "
+            "stopped) and retried."
+        ) from None
     return study
+
 
 def _postgres_bin() -> Path:
     found = shutil.which("pg_ctl")
     candidates = [Path(found).parent] if found else sorted(Path("/usr/lib/postgresql").glob("*/bin"))
-    if not candidates: raise RuntimeError("PostgreSQL's initdb/pg_ctl were not found: apt-get install postgresql.")
+    if not candidates:
+        raise RuntimeError("PostgreSQL's initdb/pg_ctl were not found: apt-get install postgresql.")
     return candidates[-1]
+
 
 @contextmanager
 def local_postgres():
     "A throwaway PostgreSQL server on a free loopback port: yields its URL; stopped and deleted afterwards."
     from distrinews.ddp import free_port
+
     bin_dir, folder, port = _postgres_bin(), Path(tempfile.mkdtemp(prefix="distrinews-pg-")), free_port()
     as_user = []
-    if os.geteuid() == 0:             # PostgreSQL refuses to run as root
-        shutil.chown(folder, "nobody"); as_user = ["runuser", "-u", "nobody", "--"]
-    def pg(*args): subprocess.run(as_user + [str(bin_dir / args[0]), *map(str, args[1:])], check=True, capture_output=True)
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        shutil.chown(folder, "nobody")
+        as_user = ["runuser", "-u", "nobody", "--"]
+
+    def pg(*args):
+        subprocess.run(as_user + [str(bin_dir / args[0]), *map(str, args[1:])], check=True, capture_output=True)
+
     try:
         pg("initdb", "-D", folder / "data", "-U", "optuna", "--auth=trust", "--no-sync", "-E", "UTF8")
-        pg("pg_ctl", "-D", folder / "data", "-l", folder / "server.log", "-w", "start",
-           "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {folder} -c fsync=off")
+        pg(
+            "pg_ctl",
+            "-D",
+            folder / "data",
+            "-l",
+            folder / "server.log",
+            "-w",
+            "start",
+            "-o",
+            f"-c listen_addresses=127.0.0.1 -p {port} -k {folder} -c fsync=off",
+        )
         yield f"postgresql+psycopg://optuna@127.0.0.1:{port}/postgres"
     finally:
-        if (folder / "data" / "postmaster.pid").exists(): pg("pg_ctl", "-D", folder / "data", "-m", "immediate", "-w", "stop")
+        if (folder / "data" / "postmaster.pid").exists():
+            pg("pg_ctl", "-D", folder / "data", "-m", "immediate", "-w", "stop")
         shutil.rmtree(folder, ignore_errors=True)
 
 # %% ../nbs/11_scale_out.ipynb #6b2f6b2e
@@ -258,147 +386,251 @@ def param_importances(study, min_trials: int = 4) -> dict:
     `min_trials` finished trials, or with no more finished trials than settings that vary among them: then many splits
     of the credit fit the results equally well, and a forest fitted to them gives shares that mean nothing."""
     import warnings
+
     import optuna
-    try: import sklearn  # noqa: F401   (fANOVA, Optuna's default, fits scikit-learn's random forests)
-    except ImportError: evaluator = optuna.importance.PedAnovaImportanceEvaluator()
-    else: evaluator = None
+
+    try:
+        import sklearn  # noqa: F401   (fANOVA, Optuna's default, fits scikit-learn's random forests)
+    except ImportError:
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+    else:
+        evaluator = None
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     varied = {k for t in done for k in t.params if len({repr(u.params.get(k)) for u in done}) > 1}
     if len(done) < max(min_trials, len(varied) + 1):
-        return {}                                 # fewer results than unknowns: no shares rather than made-up ones
+        return {}  # fewer results than unknowns: no shares rather than made-up ones
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")           # with few trials the evaluators warn that the shares are rough
-        try: return optuna.importance.get_param_importances(study, evaluator=evaluator)
-        except (ValueError, RuntimeError): return {}   # fewer than two finished trials, or all with the same value
+        warnings.simplefilter("ignore")  # with few trials the evaluators warn that the shares are rough
+        try:
+            return optuna.importance.get_param_importances(study, evaluator=evaluator)
+        except (ValueError, RuntimeError):
+            return {}  # fewer than two finished trials, or all with the same value
+
 
 def study_summary(study) -> dict:
     "Every trial of `study` and the best one, as plain JSON, with the notes recorded on the study and its trials."
-    trials = [dict(number=t.number, state=t.state.name, params=t.params, value=t.value,
-                   val_accuracy=[t.intermediate_values[k] for k in sorted(t.intermediate_values)],
-                   seconds=t.duration.total_seconds() if t.duration else None,
-                   retry_of=t.system_attrs.get("failed_trial"), recorded=t.user_attrs.get("recorded"))   # a trial added by hand says how
-              for t in study.get_trials(deepcopy=False)]
+    trials = [
+        dict(
+            number=t.number,
+            state=t.state.name,
+            params=t.params,
+            value=t.value,
+            val_accuracy=[t.intermediate_values[k] for k in sorted(t.intermediate_values)],
+            seconds=t.duration.total_seconds() if t.duration else None,
+            retry_of=t.system_attrs.get("failed_trial"),
+            recorded=t.user_attrs.get("recorded"),
+        )  # a trial added by hand says how
+        for t in study.get_trials(deepcopy=False)
+    ]
     done = [t for t in trials if t["state"] == "COMPLETE"]
-    return dict(study=study.study_name, trials=trials, best=max(done, key=lambda t: t["value"]) if done else None,
-                states={s: sum(t["state"] == s for t in trials) for s in sorted({t["state"] for t in trials})},
-                importances={k: float(v) for k, v in param_importances(study).items()}, notes=dict(study.user_attrs))
+    return dict(
+        study=study.study_name,
+        trials=trials,
+        best=max(done, key=lambda t: t["value"]) if done else None,
+        states={s: sum(t["state"] == s for t in trials) for s in sorted({t["state"] for t in trials})},
+        importances={k: float(v) for k, v in param_importances(study).items()},
+        notes=dict(study.user_attrs),
+    )
+
 
 def trials_table(summary: dict) -> str:
     "A Markdown table of the trials, best first."
     order = sorted(summary["trials"], key=lambda t: (t["state"] != "COMPLETE", -(t["value"] or 0)))
-    rows = ["| trial | state | lr | warm-up | batch | weight decay | label smoothing | layer lr decay | pooling | epochs | validation accuracy per epoch |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    rows = [
+        "| trial | state | lr | warm-up | batch | weight decay | label smoothing | layer lr decay | pooling | epochs | validation accuracy per epoch |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
     for t in order:
         p = t["params"]
-        curve = " → ".join(f"{a:.2%}" for a in t["val_accuracy"]) or "–"   # 2,000 rows: steps of 0.05 %
-        rows.append(f"| {t['number']} | {t['state'].lower()} | {p.get('lr', float('nan')):.1e} | {p.get('warmup_ratio', 0):.2f} "
-                    f"| {p.get('batch_size', '')} | {p.get('weight_decay', 0):.3f} | {p.get('label_smoothing', 0):.2f} "
-                    f"| {p.get('layer_lr_decay', 1.0):.2f} | {p.get('pooling', 'cls')} "
-                    f"| {p.get('epochs', '')} | {curve} |")
+        curve = " → ".join(f"{a:.2%}" for a in t["val_accuracy"]) or "–"  # 2,000 rows: steps of 0.05 %
+        rows.append(
+            f"| {t['number']} | {t['state'].lower()} | {p.get('lr', float('nan')):.1e} | {p.get('warmup_ratio', 0):.2f} "
+            f"| {p.get('batch_size', '')} | {p.get('weight_decay', 0):.3f} | {p.get('label_smoothing', 0):.2f} "
+            f"| {p.get('layer_lr_decay', 1.0):.2f} | {p.get('pooling', 'cls')} "
+            f"| {p.get('epochs', '')} | {curve} |"
+        )
     return "\n".join(rows)
+
 
 def plot_study(summary: dict, path: str | os.PathLike | None = None):
     "Optimisation history, validation curves per trial, and parameter importances; saved to `path` if given."
-    import matplotlib; matplotlib.use("Agg") if path and "ipykernel" not in sys.modules else None
+    import matplotlib
+
+    matplotlib.use("Agg") if path and "ipykernel" not in sys.modules else None
     import matplotlib.pyplot as plt
+
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.8))
     best = float("-inf")
     for t in sorted(summary["trials"], key=lambda t: t["number"]):
         if t["state"] == "COMPLETE":
-            ax1.plot(t["number"], 100 * t["value"], "o", color="C0"); best = max(best, t["value"])
+            ax1.plot(t["number"], 100 * t["value"], "o", color="C0")
+            best = max(best, t["value"])
             ax1.plot(t["number"], 100 * best, "_", color="C3", markersize=14)
-        elif t["val_accuracy"]: ax1.plot(t["number"], 100 * t["val_accuracy"][-1], "x", color="C7")
+        elif t["val_accuracy"]:
+            ax1.plot(t["number"], 100 * t["val_accuracy"][-1], "x", color="C7")
         if t["val_accuracy"]:
-            ax2.plot(range(1, len(t["val_accuracy"]) + 1), [100 * a for a in t["val_accuracy"]],
-                     "-" if t["state"] == "COMPLETE" else ":", marker=".", alpha=.7,
-                     label=f"trial {t['number']}" if t["state"] == "COMPLETE" else None)
+            ax2.plot(
+                range(1, len(t["val_accuracy"]) + 1),
+                [100 * a for a in t["val_accuracy"]],
+                "-" if t["state"] == "COMPLETE" else ":",
+                marker=".",
+                alpha=0.7,
+                label=f"trial {t['number']}" if t["state"] == "COMPLETE" else None,
+            )
     ax1.set(xlabel="trial", ylabel="validation accuracy (%)", title="History (o finished, x pruned, — best so far)")
     ax2.set(xlabel="epoch", ylabel="validation accuracy (%)", title="Each trial's curve (dotted: pruned)")
-    if 0 < len(ax2.get_legend_handles_labels()[1]) <= 10: ax2.legend(fontsize=8)   # which finished trial is which
+    if 0 < len(ax2.get_legend_handles_labels()[1]) <= 10:
+        ax2.legend(fontsize=8)  # which finished trial is which
     from matplotlib.ticker import MaxNLocator
-    for ax in (ax1, ax2): ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # trials and epochs are counts
+
+    for ax in (ax1, ax2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials and epochs are counts
     names = sorted(summary["importances"], key=summary["importances"].get)
-    if names: ax3.barh(names, [summary["importances"][n] for n in names]); ax3.set(xlabel="share")
+    if names:
+        ax3.barh(names, [summary["importances"][n] for n in names])
+        ax3.set(xlabel="share")
     else:
         ax3.set_axis_off()
-        ax3.text(0.5, 0.5, "too few finished trials to tell:\nat least 4, and more than\nthe settings that vary",
-                 ha="center", va="center", color="grey")
+        ax3.text(
+            0.5,
+            0.5,
+            "too few finished trials to tell:\nat least 4, and more than\nthe settings that vary",
+            ha="center",
+            va="center",
+            color="grey",
+        )
     ax3.set_title("Importance of each setting")
     fig.tight_layout()
-    if path: fig.savefig(path, dpi=100)
+    if path:
+        fig.savefig(path, dpi=100)
     return fig
 
 # %% ../nbs/11_scale_out.ipynb #7063a656
 def tune_trainable(config: dict, run_config: dict):
     "One Ray Tune trial: a single-process training with the settings Tune chose; accuracy reported after every epoch."
     import ray.tune
+
     from distrinews.train import make_trainer
+
     base = RunConfig(**run_config)
     cfg = trial_config(base, {k: config[k] for k in SEARCHED}, f"tune_{os.getpid()}_{id(config)}")
-    try: make_trainer(cfg, progress=False, log=lambda *a: None).fit(on_epoch_end=lambda t, m: ray.tune.report(_numbers(m)))
-    finally: shutil.rmtree(cfg.output_dir, ignore_errors=True)
+    try:
+        make_trainer(cfg, progress=False, log=lambda *a: None).fit(
+            on_epoch_end=lambda t, m: ray.tune.report(_numbers(m))
+        )
+    finally:
+        shutil.rmtree(cfg.output_dir, ignore_errors=True)
+
 
 def _define_by_run(trial, max_epochs: int):
-    suggest_settings(trial, max_epochs)          # the search space the Optuna workers use; None: nothing fixed besides
+    suggest_settings(trial, max_epochs)  # the search space the Optuna workers use; None: nothing fixed besides
 
-def tune_with_ray(base: RunConfig, num_samples: int = 4, max_epochs: int = 2, max_concurrent: int = 2,
-                  storage_path: str | None = None, seed: int = 0):
+
+def tune_with_ray(
+    base: RunConfig,
+    num_samples: int = 4,
+    max_epochs: int = 2,
+    max_concurrent: int = 2,
+    storage_path: str | None = None,
+    seed: int = 0,
+):
     "Search with Ray Tune: Optuna's sampler (`OptunaSearch`) proposes, ASHA stops the laggards. Returns the `ResultGrid`."
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
+
     run_config = _portable(base)
     gpu = 1 if torch.cuda.is_available() else 0
-    search = OptunaSearch(space=partial(_define_by_run, max_epochs=max_epochs), metric="accuracy", mode="max", seed=seed)
+    search = OptunaSearch(
+        space=partial(_define_by_run, max_epochs=max_epochs), metric="accuracy", mode="max", seed=seed
+    )
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(tune_trainable, run_config=run_config), {"cpu": 1, "gpu": gpu}),
-        tune_config=tune.TuneConfig(search_alg=search,
-                                    scheduler=ASHAScheduler(time_attr="epoch", max_t=max_epochs, grace_period=1,
-                                                            reduction_factor=2),
-                                    metric="accuracy", mode="max", num_samples=num_samples,
-                                    max_concurrent_trials=max_concurrent, reuse_actors=True),   # no new process per trial
-        run_config=tune.RunConfig(name="distrinews-tune", storage_path=storage_path or str(Path(run_config["output_dir"]) / "ray_tune"),
-                                  verbose=0))
+        tune_config=tune.TuneConfig(
+            search_alg=search,
+            scheduler=ASHAScheduler(time_attr="epoch", max_t=max_epochs, grace_period=1, reduction_factor=2),
+            metric="accuracy",
+            mode="max",
+            num_samples=num_samples,
+            max_concurrent_trials=max_concurrent,
+            reuse_actors=True,
+        ),  # no new process per trial
+        run_config=tune.RunConfig(
+            name="distrinews-tune",
+            storage_path=storage_path or str(Path(run_config["output_dir"]) / "ray_tune"),
+            verbose=0,
+        ),
+    )
     return tuner.fit()
 
 # %% ../nbs/11_scale_out.ipynb #a5601cca
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m distrinews.scale", description="Scale out: DDP under Ray Train, and "
-                                "workers of a distributed Optuna search.")
+    p = argparse.ArgumentParser(
+        prog="python -m distrinews.scale",
+        description="Scale out: DDP under Ray Train, and workers of a distributed Optuna search.",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("tune-worker", help="pull trials from a shared Optuna study and train them")
-    w.add_argument("--storage", required=True, help="postgresql+psycopg://user:pw@host:5432/db, sqlite:///file.db or journal:FILE.log")
+    w.add_argument(
+        "--storage",
+        required=True,
+        help="postgresql+psycopg://user:pw@host:5432/db, sqlite:///file.db or journal:FILE.log",
+    )
     w.add_argument("--study", required=True, help="the study's name (created by the first worker)")
     w.add_argument("--trials", type=int, default=10, help="trials this worker runs")
     w.add_argument("--max-epochs", type=int, default=3, help="most epochs a trial may train")
     w.add_argument("--startup-trials", type=int, default=2, help="finished trials before the pruner stops any")
     w.add_argument("--warmup-epochs", type=int, default=0, help="epochs every trial runs before it may be pruned")
     w.add_argument("--heartbeat", type=int, default=10, help="seconds between a running trial's heartbeats")
-    w.add_argument("--grace", type=int, help="seconds without a heartbeat before a trial counts as dead (default 2 x heartbeat)")
-    w.add_argument("--sampler-seed", type=int, help="the sampler's seed (give each worker its own; --seed is the training seed)")
+    w.add_argument(
+        "--grace", type=int, help="seconds without a heartbeat before a trial counts as dead (default 2 x heartbeat)"
+    )
+    w.add_argument(
+        "--sampler-seed", type=int, help="the sampler's seed (give each worker its own; --seed is the training seed)"
+    )
     r = sub.add_parser("ray-train", help="train with DDP on a Ray cluster")
     r.add_argument("--address", help="the Ray cluster ('auto' on a node of one); default: start a local one")
     r.add_argument("--num-workers", type=int, default=2)
     r.add_argument("--max-failures", type=int, default=3, help="worker failures to recover from")
     r.add_argument("--storage-path", help="where Ray keeps checkpoints (shared by all nodes); default OUTPUT_DIR/ray")
     r.add_argument("--global-batch-size", type=int)
-    for parser in (w, r): add_config_args(parser)
+    for parser in (w, r):
+        add_config_args(parser)
     args = p.parse_args(argv)
     try:
         cfg = config_from_args(args)
         if args.command == "tune-worker":
-            study = tune_worker(args.storage, args.study, args.trials, cfg, args.max_epochs, args.startup_trials,
-                                args.heartbeat, args.grace, args.sampler_seed, args.warmup_epochs)
+            study = tune_worker(
+                args.storage,
+                args.study,
+                args.trials,
+                cfg,
+                args.max_epochs,
+                args.startup_trials,
+                args.heartbeat,
+                args.grace,
+                args.sampler_seed,
+                args.warmup_epochs,
+            )
             done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
-            if done: print(f"best so far: trial {study.best_trial.number}, {study.best_value:.2%}, {study.best_params}")
+            if done:
+                print(f"best so far: trial {study.best_trial.number}, {study.best_value:.2%}, {study.best_params}")
         else:
-            start_ray(args.address, quiet=False)          # the workers' logs on this terminal
-            result = train_with_ray(cfg, args.num_workers, max_failures=args.max_failures, storage_path=args.storage_path,
-                                    global_batch_size=args.global_batch_size)
-            if result.error: raise RuntimeError(f"Ray Train failed: {result.error}")
+            start_ray(args.address, quiet=False)  # the workers' logs on this terminal
+            result = train_with_ray(
+                cfg,
+                args.num_workers,
+                max_failures=args.max_failures,
+                storage_path=args.storage_path,
+                global_batch_size=args.global_batch_size,
+            )
+            if result.error:
+                raise RuntimeError(f"Ray Train failed: {result.error}")
             print(f"done: {result.metrics} | checkpoint {result.checkpoint.path}")
     except (StorageError, ValueError, RuntimeError) as e:
         sys.exit(f"{p.prog} {args.command}: error: {e}")
 
+
 # `python -m distrinews.scale ...` (not this notebook's kernel, which also runs as __main__)
-if __name__ == "__main__" and Path(sys.argv[0]).name == "scale.py": main()
+if __name__ == "__main__" and Path(sys.argv[0]).name == "scale.py":
+    main()

@@ -22,6 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Literal
 
+import torch
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -29,7 +30,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-import torch
 
 import distrinews
 from .inference import Classifier, MicroBatcher, QueueFullError, load_classifier
@@ -39,6 +39,7 @@ log = logging.getLogger("distrinews.serve")
 # %% ../nbs/06_deploy.ipynb #9244d114
 class ServeSettings(BaseSettings):
     "Settings of the API server; each field reads the environment variable DISTRINEWS_<FIELD NAME>."
+
     model_config = SettingsConfigDict(env_prefix="DISTRINEWS_", extra="ignore")
 
     checkpoint: Path | None = Field(None, description="checkpoint folder (or reference .pt file) to serve")
@@ -57,24 +58,37 @@ class ServeSettings(BaseSettings):
 
     @field_validator("checkpoint", mode="before")
     @classmethod
-    def _empty_is_none(cls, v): return None if isinstance(v, str) and not v.strip() else v
+    def _empty_is_none(cls, v):
+        return None if isinstance(v, str) and not v.strip() else v
 
     @model_validator(mode="after")
     def _limits_fit(self):
         if self.queue_limit < self.max_batch_size:
-            raise ValueError(f"queue_limit ({self.queue_limit}) must be at least max_batch_size ({self.max_batch_size}), "
-                             "or no full batch request could ever be queued")
+            raise ValueError(
+                f"queue_limit ({self.queue_limit}) must be at least max_batch_size ({self.max_batch_size}), "
+                "or no full batch request could ever be queued"
+            )
         return self
 
 # %% ../nbs/06_deploy.ipynb #98c106a1
 def _check_text(text: str) -> str:
-    if not text.strip(): raise ValueError("text is empty or only white space")
+    if not text.strip():
+        raise ValueError("text is empty or only white space")
     return text
+
 
 def request_models(max_text_chars: int, max_batch_size: int):
     "The request bodies of /predict and /predict/batch, with the server's limits built in."
-    Text = Annotated[str, Field(min_length=1, max_length=max_text_chars, json_schema_extra={"pattern": r"\S"},
-                                examples=["Oil prices climb as stocks slide on Wall Street"]), AfterValidator(_check_text)]
+    Text = Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=max_text_chars,
+            json_schema_extra={"pattern": r"\S"},
+            examples=["Oil prices climb as stocks slide on Wall Street"],
+        ),
+        AfterValidator(_check_text),
+    ]
 
     class PredictRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -82,17 +96,24 @@ def request_models(max_text_chars: int, max_batch_size: int):
 
     class BatchPredictRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        texts: list[Text] = Field(min_length=1, max_length=max_batch_size,
-                                  description=f"1..{max_batch_size} texts, each 1..{max_text_chars} characters")
+        texts: list[Text] = Field(
+            min_length=1,
+            max_length=max_batch_size,
+            description=f"1..{max_batch_size} texts, each 1..{max_text_chars} characters",
+        )
+
     return PredictRequest, BatchPredictRequest
+
 
 class Prediction(BaseModel):
     label: str = Field(description="the most likely topic")
     confidence: float = Field(description="its probability")
     probabilities: dict[str, float] = Field(description="the probability of every topic")
 
+
 class BatchPrediction(BaseModel):
     predictions: list[Prediction]
+
 
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
@@ -107,53 +128,81 @@ class Health(BaseModel):
     batching: dict = {}
     limits: dict = {}
 
+
 class ErrorMessage(BaseModel):
     detail: str | list[dict]
 
 # %% ../nbs/06_deploy.ipynb #387900cf
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    "FastAPI's own HTTP errors (400, 404, 405, 413, ...) as `{\"detail\": ...}`, saying what to fix where we can."
+    'FastAPI\'s own HTTP errors (400, 404, 405, 413, ...) as `{"detail": ...}`, saying what to fix where we can.'
     detail = exc.detail
     if exc.status_code == 413:
         detail = f"request body is larger than the limit of {request.app.state.settings.max_body_bytes} bytes"
     elif exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
-        detail = (f"request body is not valid UTF-8 (bad byte at position {exc.__cause__.start}); "
-                  "send JSON encoded as UTF-8")
+        detail = (
+            f"request body is not valid UTF-8 (bad byte at position {exc.__cause__.start}); send JSON encoded as UTF-8"
+        )
     return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     "A 422 that lists every problem: where (`loc`), what (`msg`) and its pydantic `type`."
     errors = []
     for e in exc.errors():
         msg = e.get("msg", "invalid value")
-        if e.get("type") == "json_invalid": msg = f"invalid JSON: {(e.get('ctx') or {}).get('error', msg)}"
+        if e.get("type") == "json_invalid":
+            msg = f"invalid JSON: {(e.get('ctx') or {}).get('error', msg)}"
         errors.append({"loc": [str(x) for x in e.get("loc", ())], "msg": msg, "type": e.get("type")})
     return JSONResponse({"detail": errors}, status_code=422)
 
 # %% ../nbs/06_deploy.ipynb #cd78d31b
-ERROR_RESPONSES = {400: {"model": ErrorMessage, "description": "Body is not valid UTF-8"},
-                   413: {"model": ErrorMessage, "description": "Body larger than max_body_bytes"},
-                   422: {"model": ErrorMessage, "description": "Invalid JSON or input outside the limits"},
-                   503: {"model": ErrorMessage, "description": "Model not loaded, or server busy (see Retry-After)"}}
+ERROR_RESPONSES = {
+    400: {"model": ErrorMessage, "description": "Body is not valid UTF-8"},
+    413: {"model": ErrorMessage, "description": "Body larger than max_body_bytes"},
+    422: {"model": ErrorMessage, "description": "Invalid JSON or input outside the limits"},
+    503: {"model": ErrorMessage, "description": "Model not loaded, or server busy (see Retry-After)"},
+}
+
 
 def _health(app: FastAPI) -> dict:
     s, clf, batcher = app.state.settings, app.state.classifier, app.state.batcher
-    h = dict(status="ok" if batcher is not None else "unavailable", model_loaded=batcher is not None,
-             error=app.state.load_error,
-             limits=dict(max_text_chars=s.max_text_chars, max_batch_size=s.max_batch_size, max_body_bytes=s.max_body_bytes,
-                         queue_limit=s.queue_limit))
+    h = dict(
+        status="ok" if batcher is not None else "unavailable",
+        model_loaded=batcher is not None,
+        error=app.state.load_error,
+        limits=dict(
+            max_text_chars=s.max_text_chars,
+            max_batch_size=s.max_batch_size,
+            max_body_bytes=s.max_body_bytes,
+            queue_limit=s.queue_limit,
+        ),
+    )
     if clf is not None:
-        h.update(model_name=clf.name, model_version=clf.version, base_model=str(clf.info.get("base_model")),
-                 device=str(clf.device), dtype=clf.dtype_name, labels=clf.labels)
+        h.update(
+            model_name=clf.name,
+            model_version=clf.version,
+            base_model=str(clf.info.get("base_model")),
+            device=str(clf.device),
+            dtype=clf.dtype_name,
+            labels=clf.labels,
+        )
     if batcher is not None:
-        h["batching"] = dict(enabled=s.batching, max_size=batcher.max_batch_size, max_wait_ms=batcher.max_wait * 1000,
-                             queued=batcher.queued, **batcher.stats)
+        h["batching"] = dict(
+            enabled=s.batching,
+            max_size=batcher.max_batch_size,
+            max_wait_ms=batcher.max_wait * 1000,
+            queued=batcher.queued,
+            **batcher.stats,
+        )
     return h
+
 
 async def _infer(app: FastAPI, texts: list[str]) -> list[dict]:
     batcher = app.state.batcher
-    if batcher is None: raise HTTPException(503, detail=f"model not loaded: {app.state.load_error}")
-    try: future = batcher.submit(texts)
+    if batcher is None:
+        raise HTTPException(503, detail=f"model not loaded: {app.state.load_error}")
+    try:
+        future = batcher.submit(texts)
     except QueueFullError as e:
         raise HTTPException(503, detail=str(e), headers={"Retry-After": str(math.ceil(e.retry_after))}) from None
     return await asyncio.wrap_future(future)
@@ -163,40 +212,66 @@ def create_app(settings: ServeSettings | None = None, classifier: Classifier | N
     "The DistriNews API. `classifier`: an already loaded model (else `settings.checkpoint` is loaded at startup)."
     settings = settings or ServeSettings()
     PredictRequest, BatchPredictRequest = request_models(settings.max_text_chars, settings.max_batch_size)
-    page = (files("distrinews") / "static" / "index.html").read_text(encoding="utf-8")   # package data
+    page = (files("distrinews") / "static" / "index.html").read_text(encoding="utf-8")  # package data
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        if settings.num_threads: torch.set_num_threads(settings.num_threads)
+        if settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
         clf, error = classifier, None
         if clf is None and settings.checkpoint is None:
             error = "no checkpoint configured: start the server with --checkpoint DIR or set DISTRINEWS_CHECKPOINT"
         elif clf is None:
             try:
-                clf = await run_in_threadpool(load_classifier, settings.checkpoint, device=settings.device,
-                                              dtype=settings.dtype, max_length=settings.max_tokens)
+                clf = await run_in_threadpool(
+                    load_classifier,
+                    settings.checkpoint,
+                    device=settings.device,
+                    dtype=settings.dtype,
+                    max_length=settings.max_tokens,
+                )
             except Exception as e:  # the server stays up and says why
-                error = f"could not load {settings.checkpoint}: {e}" if str(settings.checkpoint) not in str(e) else str(e)
-        if error: log.error("DistriNews API started WITHOUT a model: %s", error)
+                error = (
+                    f"could not load {settings.checkpoint}: {e}" if str(settings.checkpoint) not in str(e) else str(e)
+                )
+        if error:
+            log.error("DistriNews API started WITHOUT a model: %s", error)
         batcher = None
         if clf is not None:
             size, wait = (settings.batch_max_size, settings.batch_wait_ms) if settings.batching else (1, 0.0)
-            batcher = MicroBatcher(clf.predict_batch, max_batch_size=size, max_wait_ms=wait,
-                                   queue_limit=settings.queue_limit, retry_after=settings.retry_after_s).start()
-            log.info("serving %s (version %s) on %s, %s; batching %s", clf.name, clf.version, clf.device,
-                     clf.info.get("dtype_reason"), f"up to {size} texts / {wait:g} ms" if settings.batching else "off")
+            batcher = MicroBatcher(
+                clf.predict_batch,
+                max_batch_size=size,
+                max_wait_ms=wait,
+                queue_limit=settings.queue_limit,
+                retry_after=settings.retry_after_s,
+            ).start()
+            log.info(
+                "serving %s (version %s) on %s, %s; batching %s",
+                clf.name,
+                clf.version,
+                clf.device,
+                clf.info.get("dtype_reason"),
+                f"up to {size} texts / {wait:g} ms" if settings.batching else "off",
+            )
         app.state.classifier, app.state.batcher, app.state.load_error = clf, batcher, error
-        try: yield
+        try:
+            yield
         finally:
-            if batcher is not None: await run_in_threadpool(batcher.stop)
+            if batcher is not None:
+                await run_in_threadpool(batcher.stop)
             app.state.batcher = None
             app.state.load_error = "server is shutting down"
 
-    app = FastAPI(title="DistriNews API", version="1.0",
-                  description="News topic classification (World, Sports, Business, Sci/Tech) with a transformer "
-                              "fine-tuned on AG News. Part of the DistriNews course.", lifespan=lifespan,
-                  max_body_size=settings.max_body_bytes,
-                  exception_handlers={StarletteHTTPException: http_error, RequestValidationError: invalid_request})
+    app = FastAPI(
+        title="DistriNews API",
+        version="1.0",
+        description="News topic classification (World, Sports, Business, Sci/Tech) with a transformer "
+        "fine-tuned on AG News. Part of the DistriNews course.",
+        lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,
+        exception_handlers={StarletteHTTPException: http_error, RequestValidationError: invalid_request},
+    )
     app.state.settings, app.state.classifier, app.state.batcher = settings, None, None
     app.state.load_error = "server is starting"
 
@@ -204,19 +279,25 @@ def create_app(settings: ServeSettings | None = None, classifier: Classifier | N
     async def demo_page():
         return HTMLResponse(page)
 
-    @app.get("/health", response_model=Health, summary="Is the model loaded? Which one, where, with which limits",
-             responses={503: {"model": Health, "description": "No model loaded: `error` says why"}})
+    @app.get(
+        "/health",
+        response_model=Health,
+        summary="Is the model loaded? Which one, where, with which limits",
+        responses={503: {"model": Health, "description": "No model loaded: `error` says why"}},
+    )
     async def health(request: Request, response: Response):
         h = _health(request.app)
-        if not h["model_loaded"]: response.status_code = 503
+        if not h["model_loaded"]:
+            response.status_code = 503
         return h
 
     @app.post("/predict", response_model=Prediction, responses=ERROR_RESPONSES, summary="Classify one text")
     async def predict_one(body: PredictRequest, request: Request):
         return (await _infer(request.app, [body.text]))[0]
 
-    @app.post("/predict/batch", response_model=BatchPrediction, responses=ERROR_RESPONSES,
-              summary="Classify several texts")
+    @app.post(
+        "/predict/batch", response_model=BatchPrediction, responses=ERROR_RESPONSES, summary="Classify several texts"
+    )
     async def predict_many(body: BatchPredictRequest, request: Request):
         return {"predictions": await _infer(request.app, body.texts)}
 
@@ -225,75 +306,107 @@ def create_app(settings: ServeSettings | None = None, classifier: Classifier | N
 # %% ../nbs/06_deploy.ipynb #7ad362ca
 def build_parser() -> argparse.ArgumentParser:
     "`--host`, `--port`, `--log-level`, and one flag per `ServeSettings` field (e.g. `--batch-wait-ms`, `--no-batching`)."
-    p = argparse.ArgumentParser(prog="distrinews-serve", description="Serve a DistriNews checkpoint over HTTP. Every "
-                                "setting can also come from an environment variable DISTRINEWS_<NAME>; flags win.")
+    p = argparse.ArgumentParser(
+        prog="distrinews-serve",
+        description="Serve a DistriNews checkpoint over HTTP. Every "
+        "setting can also come from an environment variable DISTRINEWS_<NAME>; flags win.",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default: 7860)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     for name, field in ServeSettings.model_fields.items():
         flags = [f"--{name.replace('_', '-')}"] + (["--threads"] if name == "num_threads" else [])
-        help = f"{field.description} (default: {field.default}; ${ServeSettings.model_config['env_prefix']}{name.upper()})"
+        help = (
+            f"{field.description} (default: {field.default}; ${ServeSettings.model_config['env_prefix']}{name.upper()})"
+        )
         if field.annotation is bool:
             p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help)
-        else: p.add_argument(*flags, dest=name, metavar=name.upper(), help=help)
+        else:
+            p.add_argument(*flags, dest=name, metavar=name.upper(), help=help)
     return p
+
 
 def main(argv: list[str] | None = None):
     "Entry point of `distrinews-serve` and `python -m distrinews.serve`."
     import uvicorn
+
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     host, port, log_level = args.pop("host"), args.pop("port"), args.pop("log_level")
-    try: settings = ServeSettings(**{k: v for k, v in args.items() if v is not None})   # strings: pydantic converts
-    except ValidationError as e: parser.error("; ".join(f"{'.'.join(map(str, x['loc'])) or 'settings'}: {x['msg']}"
-                                                        for x in e.errors()))
+    try:
+        settings = ServeSettings(**{k: v for k, v in args.items() if v is not None})  # strings: pydantic converts
+    except ValidationError as e:
+        parser.error("; ".join(f"{'.'.join(map(str, x['loc'])) or 'settings'}: {x['msg']}" for x in e.errors()))
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
-if __name__ == "__main__" and sys.argv[0].endswith("serve.py"): main()
+
+if __name__ == "__main__" and sys.argv[0].endswith("serve.py"):
+    main()
 
 # %% ../nbs/06_deploy.ipynb #0263f43f
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
     "(INSTRUCTION, arguments) pairs of a Dockerfile, continuation lines joined, comments dropped."
     out, current = [], ""
     for line in text.splitlines():
-        if line.lstrip().startswith("#") or (not current and not line.strip()): continue
+        if line.lstrip().startswith("#") or (not current and not line.strip()):
+            continue
         current += line.rstrip()
-        if current.endswith("\\"): current = current[:-1] + " "; continue
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
         word, _, rest = current.strip().partition(" ")
-        out.append((word.upper(), " ".join(rest.split()))); current = ""
+        out.append((word.upper(), " ".join(rest.split())))
+        current = ""
     return out
+
 
 def dockerfile_problems(text: str, context: str | os.PathLike | None = None, port: int = 7860) -> list[str]:
     "What the DistriNews image needs beyond hadolint's generic rules; an empty list when the Dockerfile has it all."
     ins = dockerfile_instructions(text)
     args = lambda name: [a for n, a in ins if n == name]
     problems, base = [], (args("FROM") or [""])[-1].split(" ")[0]
-    if not re.fullmatch(r"python:3\.\d+(\.\d+)?-slim(-\w+)?", base): problems.append(f"base image {base!r} is not python:3.X-slim")
+    if not re.fullmatch(r"python:3\.\d+(\.\d+)?-slim(-\w+)?", base):
+        problems.append(f"base image {base!r} is not python:3.X-slim")
     torch_runs = [r for r in args("RUN") if re.search(r"pip install .*\btorch\b", r)]
     if not torch_runs or not all("download.pytorch.org/whl/cpu" in r for r in torch_runs):
         problems.append("torch must come from the CPU-only index (https://download.pytorch.org/whl/cpu)")
     user = (args("USER") or ["root"])[-1].split(":")[0]
-    if user in ("root", "0"): problems.append("the container runs as root: add USER before CMD")
-    if str(port) not in {p.split("/")[0] for a in args("EXPOSE") for p in a.split()}: problems.append(f"EXPOSE {port} is missing")
-    if not any("/health" in a for a in args("HEALTHCHECK")): problems.append("no HEALTHCHECK that calls /health")
-    try: cmd = json.loads((args("CMD") or [""])[-1])
-    except ValueError: cmd = None
-    if not isinstance(cmd, list) or cmd[:3] != ["python", "-m", "distrinews.serve"] or "0.0.0.0" not in cmd or str(port) not in cmd:
+    if user in ("root", "0"):
+        problems.append("the container runs as root: add USER before CMD")
+    if str(port) not in {p.split("/")[0] for a in args("EXPOSE") for p in a.split()}:
+        problems.append(f"EXPOSE {port} is missing")
+    if not any("/health" in a for a in args("HEALTHCHECK")):
+        problems.append("no HEALTHCHECK that calls /health")
+    try:
+        cmd = json.loads((args("CMD") or [""])[-1])
+    except ValueError:
+        cmd = None
+    if (
+        not isinstance(cmd, list)
+        or cmd[:3] != ["python", "-m", "distrinews.serve"]
+        or "0.0.0.0" not in cmd
+        or str(port) not in cmd
+    ):
         problems.append(f'CMD must be ["python", "-m", "distrinews.serve", ...] listening on 0.0.0.0:{port}')
     if context is not None:
         for a in args("COPY"):
             sources = [s for s in a.split() if not s.startswith("--")][:-1]
-            problems += [f"COPY source {s!r} is not in the build context" for s in sources if not (Path(context) / s).exists()]
+            problems += [
+                f"COPY source {s!r} is not in the build context" for s in sources if not (Path(context) / s).exists()
+            ]
     return problems
 
 # %% ../nbs/06_deploy.ipynb #aacc863f
 SERVABLE = re.compile(r".*\.(json|safetensors|txt|model)$")
 
-def stage_space(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
-                deployment: str | os.PathLike | None = None) -> Path:
+
+def stage_space(
+    checkpoint: str | os.PathLike, out_dir: str | os.PathLike, deployment: str | os.PathLike | None = None
+) -> Path:
     "A Docker build context / Hugging Face Space in `out_dir`: the `deployment/` files, the whole package, model/."
     from distrinews.inference import check_checkpoint_dir
+
     checkpoint, out_dir = check_checkpoint_dir(checkpoint), Path(out_dir)
     package = Path(distrinews.__file__).resolve().parent
     deployment = Path(deployment) if deployment is not None else package.parent / "deployment"
@@ -301,10 +414,13 @@ def stage_space(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
         raise FileNotFoundError(f"no Dockerfile in {deployment}: pass deployment= the repository's deployment/ folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     for f in deployment.iterdir():
-        if f.is_file(): shutil.copy2(f, out_dir / f.name)
-    for sub in ("distrinews", "model"): shutil.rmtree(out_dir / sub, ignore_errors=True)
+        if f.is_file():
+            shutil.copy2(f, out_dir / f.name)
+    for sub in ("distrinews", "model"):
+        shutil.rmtree(out_dir / sub, ignore_errors=True)
     shutil.copytree(package, out_dir / "distrinews", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (out_dir / "model").mkdir()
     for f in checkpoint.iterdir():
-        if f.is_file() and SERVABLE.fullmatch(f.name): shutil.copy2(f, out_dir / "model" / f.name)
+        if f.is_file() and SERVABLE.fullmatch(f.name):
+            shutil.copy2(f, out_dir / "model" / f.name)
     return out_dir

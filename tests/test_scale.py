@@ -9,38 +9,92 @@ processes of `python -m distrinews.scale tune-worker` pulling trials from one Op
 
 Ray Train and Ray Tune run in the notebook itself (nbs/11_scale_out.ipynb), where one Ray instance serves both.
 """
-import os, signal, subprocess, sys, time
+
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg")
-from distrinews.scale import (SEARCHED, StorageError, _postgres_bin, local_postgres, open_storage, open_study,
-                              study_summary)
+from distrinews.scale import (
+    SEARCHED,
+    StorageError,
+    _postgres_bin,
+    local_postgres,
+    open_storage,
+    open_study,
+    study_summary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 # tiny trials: 96 training rows + 32 held out for validation, short texts, one thread per worker
-TINY = ["--profile", "smoke", "--train-size", "128", "--validation-size", "32", "--max-length", "32",
-        "--eval-batch-size", "32", "--num-threads", "1"]
+TINY = [
+    "--profile",
+    "smoke",
+    "--train-size",
+    "128",
+    "--validation-size",
+    "32",
+    "--max-length",
+    "32",
+    "--eval-batch-size",
+    "32",
+    "--num-threads",
+    "1",
+]
 # every searched setting is fixed, so the three GOOD trials (and the retry) train exactly the same thing; a setting
 # left out would be sampled per trial, and a retry that drew another pooling could be pruned against the others
-GOOD = dict(lr=3e-4, warmup_ratio=0.0, batch_size=16, weight_decay=0.01, label_smoothing=0.0, layer_lr_decay=1.0,
-            pooling="cls", epochs=1)
-POOR = dict(GOOD, lr=1e-7, epochs=2)          # learns nothing: chance-level accuracy after its first epoch
+GOOD = dict(
+    lr=3e-4,
+    warmup_ratio=0.0,
+    batch_size=16,
+    weight_decay=0.01,
+    label_smoothing=0.0,
+    layer_lr_decay=1.0,
+    pooling="cls",
+    epochs=1,
+)
+POOR = dict(GOOD, lr=1e-7, epochs=2)  # learns nothing: chance-level accuracy after its first epoch
 assert set(GOOD) == set(SEARCHED), f"fix every searched setting in GOOD: {set(SEARCHED) ^ set(GOOD)}"
 
 
 def have_postgres():
-    try: return _postgres_bin() is not None
-    except RuntimeError: return False
+    try:
+        return _postgres_bin() is not None
+    except RuntimeError:
+        return False
 
 
 def worker(url, study, trials, out):
-    cmd = [sys.executable, "-m", "distrinews.scale", "tune-worker", "--storage", url, "--study", study,
-           "--trials", str(trials), "--max-epochs", "2", "--startup-trials", "1", "--heartbeat", "1", "--grace", "3",
-           *TINY, "--output-dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "distrinews.scale",
+        "tune-worker",
+        "--storage",
+        url,
+        "--study",
+        study,
+        "--trials",
+        str(trials),
+        "--max-epochs",
+        "2",
+        "--startup-trials",
+        "1",
+        "--heartbeat",
+        "1",
+        "--grace",
+        "3",
+        *TINY,
+        "--output-dir",
+        str(out),
+    ]
     return subprocess.Popen(cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -54,7 +108,8 @@ def test_two_workers_one_postgres_study_with_pruning_and_a_killed_worker(tmp_pat
         study = open_study(open_storage(url, heartbeat_interval=1, grace_period=3), "news", startup_trials=1)
         # trial 0 goes to a worker we kill; 1 and 2 to the two workers; 3 (poor) to whichever finishes first, when a
         # finished trial exists for the median rule to compare with
-        for params in (GOOD, GOOD, GOOD, POOR): study.enqueue_trial(params)
+        for params in (GOOD, GOOD, GOOD, POOR):
+            study.enqueue_trial(params)
 
         doomed = worker(url, "news", 1, tmp_path / "doomed")
         deadline = time.monotonic() + 120
@@ -65,10 +120,12 @@ def test_two_workers_one_postgres_study_with_pruning_and_a_killed_worker(tmp_pat
         # whenever trial 0 turns out stale: the check runs before every trial, and the retry is queued after trial 3)
         test_started = time.monotonic()
         a, b = worker(url, "news", 2, tmp_path / "a"), worker(url, "news", 2, tmp_path / "b")
-        time.sleep(2)                                  # trial 0's heartbeat has been written: it is visibly alive
-        doomed.send_signal(signal.SIGKILL); doomed.wait()
+        time.sleep(2)  # trial 0's heartbeat has been written: it is visibly alive
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait()
         logs = [p.communicate(timeout=400)[0] for p in (a, b)]
-        for p, log in zip((a, b), logs): assert p.returncode == 0, log[-3000:]
+        for p, log in zip((a, b), logs):
+            assert p.returncode == 0, log[-3000:]
         print(f"two workers, 4 trials: {time.monotonic() - test_started:.0f} s")
 
         trials = study.get_trials(deepcopy=False)

@@ -1,5 +1,6 @@
 """Inference and API tests that need no network: safe checkpoint loading, bf16 choice, micro-batching, every route and
 every bad input through FastAPI's TestClient, and a server without a model. (The deployment files: test_deployment.py.)"""
+
 import copy
 import json
 import threading
@@ -11,21 +12,37 @@ import torch
 from fastapi.testclient import TestClient
 
 from distrinews import inference
-from distrinews.inference import (InvalidCheckpointError, MicroBatcher, choose_dtype, convert_reference_checkpoint,
-                                  load_classifier)
+from distrinews.inference import (
+    InvalidCheckpointError,
+    MicroBatcher,
+    choose_dtype,
+    convert_reference_checkpoint,
+    load_classifier,
+)
 from distrinews.model import LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, build_classifier, load_tokenizer, predict
 from distrinews.serve import ServeSettings, create_app
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = dict(device="cpu", dtype="fp32", max_text_chars=200, max_batch_size=4, queue_limit=16, max_body_bytes=2048,
-             batch_wait_ms=2)
+SMALL = dict(
+    device="cpu",
+    dtype="fp32",
+    max_text_chars=200,
+    max_batch_size=4,
+    queue_limit=16,
+    max_body_bytes=2048,
+    batch_wait_ms=2,
+)
 
 
 class Payload:
     "Unpickling this calls Path.touch(marker): a stand-in for any code an attacker would run."
-    def __init__(self, marker): self.marker = Path(marker)
-    def __reduce__(self): return (Path.touch, (self.marker,))
+
+    def __init__(self, marker):
+        self.marker = Path(marker)
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +59,7 @@ def client(checkpoint):
 
 # ---------------------------------------------------------------- loading
 
+
 def test_loader_reads_labels_eval_mode_and_run_config(classifier):
     assert classifier.labels == LABELS
     assert classifier.model.training is False
@@ -51,7 +69,11 @@ def test_loader_reads_labels_eval_mode_and_run_config(classifier):
 
 
 def test_predict_and_predict_batch_keep_input_order(classifier):
-    texts = ["A much, much longer headline about markets, the economy, oil and the dollar", "Short", "Mid-size news item"]
+    texts = [
+        "A much, much longer headline about markets, the economy, oil and the dollar",
+        "Short",
+        "Mid-size news item",
+    ]
     batch = classifier.predict_batch(texts)
     singles = [classifier.predict(t) for t in texts]
     for b, s in zip(batch, singles):
@@ -60,36 +82,49 @@ def test_predict_and_predict_batch_keep_input_order(classifier):
         assert abs(b["confidence"] - s["confidence"]) < 1e-4
         assert abs(sum(b["probabilities"].values()) - 1) < 1e-4
         assert b["confidence"] == b["probabilities"][b["label"]]
-    with pytest.raises(TypeError, match="list of strings"): classifier.predict_batch([1, 2])
-    with pytest.raises(TypeError, match="expects a string"): classifier.predict(None)
+    with pytest.raises(TypeError, match="list of strings"):
+        classifier.predict_batch([1, 2])
+    with pytest.raises(TypeError, match="expects a string"):
+        classifier.predict(None)
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda d: d / "missing", "does not exist"),
-    (lambda d: (d / "file.txt").write_text("x") and d / "file.txt", "is a file, not a folder"),
-    (lambda d: (d / "empty").mkdir() or d / "empty", "has no config.json"),
-    (lambda d: _folder(d, {"config.json": "{not json"}), "not valid JSON"),
-    (lambda d: _folder(d, {"config.json": "{}"}), "no `model_type`"),
-    (lambda d: _folder(d, {"config.json": '{"model_type": "bert"}'}), "has no model.safetensors"),
-    (lambda d: _folder(d, {"config.json": '{"model_type": "bert"}', "model.safetensors": "x"}), "no tokenizer files"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "missing", "does not exist"),
+        (lambda d: (d / "file.txt").write_text("x") and d / "file.txt", "is a file, not a folder"),
+        (lambda d: (d / "empty").mkdir() or d / "empty", "has no config.json"),
+        (lambda d: _folder(d, {"config.json": "{not json"}), "not valid JSON"),
+        (lambda d: _folder(d, {"config.json": "{}"}), "no `model_type`"),
+        (lambda d: _folder(d, {"config.json": '{"model_type": "bert"}'}), "has no model.safetensors"),
+        (
+            lambda d: _folder(d, {"config.json": '{"model_type": "bert"}', "model.safetensors": "x"}),
+            "no tokenizer files",
+        ),
+    ],
+)
 def test_not_a_checkpoint_gives_one_clear_message(tmp_path, make, message):
     path = make(tmp_path)
-    with pytest.raises(InvalidCheckpointError, match=message): load_classifier(path)
+    with pytest.raises(InvalidCheckpointError, match=message):
+        load_classifier(path)
 
 
 def _folder(base, files):
-    d = base / "ckpt"; d.mkdir()
-    for name, text in files.items(): (d / name).write_text(text)
+    d = base / "ckpt"
+    d.mkdir()
+    for name, text in files.items():
+        (d / name).write_text(text)
     return d
 
 
 def test_corrupt_weights_are_a_clear_error(tmp_path, checkpoint):
     broken = tmp_path / "broken"
     broken.mkdir()
-    for f in checkpoint.iterdir(): (broken / f.name).write_bytes(f.read_bytes())
+    for f in checkpoint.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
     (broken / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken")
-    with pytest.raises(InvalidCheckpointError, match="Could not load the checkpoint"): load_classifier(broken)
+    with pytest.raises(InvalidCheckpointError, match="Could not load the checkpoint"):
+        load_classifier(broken)
 
 
 def test_payload_is_real(tmp_path):
@@ -104,32 +139,46 @@ def test_malicious_pickles_never_run(tmp_path, checkpoint):
     marker = tmp_path / "pwned.txt"
     # 1. a reference-style .pt whose unpickling would run code
     torch.save({"model_state_dict": {"w": torch.zeros(1)}, "epoch": Payload(marker)}, tmp_path / "evil.pt")
-    with pytest.raises(InvalidCheckpointError, match="Refused to load"): load_classifier(tmp_path / "evil.pt")
-    with pytest.raises(InvalidCheckpointError, match="Refused"): convert_reference_checkpoint(tmp_path / "evil.pt", tmp_path / "out")
+    with pytest.raises(InvalidCheckpointError, match="Refused to load"):
+        load_classifier(tmp_path / "evil.pt")
+    with pytest.raises(InvalidCheckpointError, match="Refused"):
+        convert_reference_checkpoint(tmp_path / "evil.pt", tmp_path / "out")
     # 2. a valid checkpoint folder with a booby-trapped training_state.pt: loads, and the file is never opened
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    for f in checkpoint.iterdir(): (ckpt / f.name).write_bytes(f.read_bytes())
+    for f in checkpoint.iterdir():
+        (ckpt / f.name).write_bytes(f.read_bytes())
     torch.save({"optimizer": Payload(marker)}, ckpt / "training_state.pt")
     assert load_classifier(ckpt, dtype="fp32").labels == LABELS
     # 3. a folder with only pickle weights is refused before anything is unpickled
     (ckpt / "model.safetensors").unlink()
     torch.save({"w": Payload(marker)}, ckpt / "pytorch_model.bin")
-    with pytest.raises(InvalidCheckpointError, match="pytorch_model.bin, a pickle file"): load_classifier(ckpt)
+    with pytest.raises(InvalidCheckpointError, match="pytorch_model.bin, a pickle file"):
+        load_classifier(ckpt)
     assert not marker.exists()
 
 
 class NewsClassifier(torch.nn.Module):
     "The reference design's wrapper: the HF model sits in `.model`."
-    def __init__(self, model): super().__init__(); self.model = model
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
 
 
 def test_reference_checkpoint_converts_with_same_predictions(tmp_path):
     model = build_classifier(OFFLINE_ENCODER, seed=7).eval()
-    state = {"module." + k: v for k, v in NewsClassifier(model).state_dict().items()}   # saved from DDP
-    torch.save({"epoch": 2, "model_state_dict": state, "optimizer_state_dict": {"state": {}, "param_groups": []},
-                "accuracy": 91.5, "config": {"model_name": OFFLINE_ENCODER, "num_labels": 4, "max_length": 48}},
-               tmp_path / "ref.pt")
+    state = {"module." + k: v for k, v in NewsClassifier(model).state_dict().items()}  # saved from DDP
+    torch.save(
+        {
+            "epoch": 2,
+            "model_state_dict": state,
+            "optimizer_state_dict": {"state": {}, "param_groups": []},
+            "accuracy": 91.5,
+            "config": {"model_name": OFFLINE_ENCODER, "num_labels": 4, "max_length": 48},
+        },
+        tmp_path / "ref.pt",
+    )
     out = convert_reference_checkpoint(tmp_path / "ref.pt", tmp_path / "converted")
     assert (out / "model.safetensors").exists() and not list(out.glob("*.pt"))
     clf = load_classifier(out, dtype="fp32")
@@ -143,8 +192,13 @@ def test_reference_checkpoint_converts_with_same_predictions(tmp_path):
 def test_reference_distilbert_checkpoint_loads_offline(tmp_path):
     "The reference design's own case: model_name distilbert-base-uncased, not downloadable here; all weights come from the file."
     model = build_classifier(RANDOM_DISTILBERT, seed=5).eval()
-    torch.save({"model_state_dict": NewsClassifier(model).state_dict(),
-                "config": {"model_name": "distilbert-base-uncased", "num_labels": 4, "max_length": 32}}, tmp_path / "d.pt")
+    torch.save(
+        {
+            "model_state_dict": NewsClassifier(model).state_dict(),
+            "config": {"model_name": "distilbert-base-uncased", "num_labels": 4, "max_length": 32},
+        },
+        tmp_path / "d.pt",
+    )
     clf = load_classifier(tmp_path / "d.pt", dtype="fp32")
     want = predict(model, load_tokenizer(RANDOM_DISTILBERT), ["Mars rover lands"], max_length=32)[0]
     got = clf.predict("Mars rover lands")
@@ -155,14 +209,18 @@ def test_reference_distilbert_checkpoint_loads_offline(tmp_path):
 def test_reference_checkpoint_with_wrong_architecture(tmp_path):
     state = build_classifier(OFFLINE_ENCODER, seed=0).state_dict()
     torch.save({"model_state_dict": state, "config": {"model_name": RANDOM_DISTILBERT}}, tmp_path / "x.pt")
-    with pytest.raises(InvalidCheckpointError, match="does not match the architecture"): load_classifier(tmp_path / "x.pt")
+    with pytest.raises(InvalidCheckpointError, match="does not match the architecture"):
+        load_classifier(tmp_path / "x.pt")
     torch.save({"model_state_dict": state, "config": {"num_labels": 20}}, tmp_path / "y.pt")
-    with pytest.raises(InvalidCheckpointError, match="num_labels=20"): load_classifier(tmp_path / "y.pt")
+    with pytest.raises(InvalidCheckpointError, match="num_labels=20"):
+        load_classifier(tmp_path / "y.pt")
     (tmp_path / "z.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(InvalidCheckpointError, match="not a PyTorch checkpoint"): load_classifier(tmp_path / "z.pt")
+    with pytest.raises(InvalidCheckpointError, match="not a PyTorch checkpoint"):
+        load_classifier(tmp_path / "z.pt")
 
 
 # ---------------------------------------------------------------- precision
+
 
 def _hooked(classifier, hook):
     model = copy.deepcopy(classifier.model)
@@ -172,53 +230,67 @@ def _hooked(classifier, hook):
 
 def test_bf16_is_refused_when_it_changes_labels(classifier):
     def flip(module, args, out):
-        if torch.is_autocast_enabled("cpu"): out.logits = out.logits.flip(-1)
+        if torch.is_autocast_enabled("cpu"):
+            out.logits = out.logits.flip(-1)
         return out
+
     dtype, why = choose_dtype(_hooked(classifier, flip), classifier.tokenizer, "cpu", "bf16")
     assert dtype is None and "changed the label" in why
 
 
 def test_bf16_is_used_when_labels_agree(classifier):
-    def confident(module, args, out):   # the same clear winner per text in both precisions
+    def confident(module, args, out):  # the same clear winner per text in both precisions
         out.logits = torch.eye(4)[torch.arange(out.logits.shape[0]) % 4].to(out.logits.dtype) * 10
         return out
+
     dtype, why = choose_dtype(_hooked(classifier, confident), classifier.tokenizer, "cpu", "bf16")
     assert dtype == torch.bfloat16 and "same labels" in why
 
 
 def test_auto_stays_fp32_without_native_bf16(classifier, monkeypatch):
     monkeypatch.setattr(inference, "native_bf16", lambda device: False)
-    assert choose_dtype(classifier.model, classifier.tokenizer, "cpu", "auto") == (None, "fp32: this cpu has no native bf16")
+    assert choose_dtype(classifier.model, classifier.tokenizer, "cpu", "auto") == (
+        None,
+        "fp32: this cpu has no native bf16",
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_requested_without_cuda(checkpoint):
-    with pytest.raises(ValueError, match="CUDA is not available"): load_classifier(checkpoint, device="cuda")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        load_classifier(checkpoint, device="cuda")
 
 
 # ---------------------------------------------------------------- micro-batcher
+
 
 def test_microbatcher_skips_cancelled_jobs_and_reports_stats():
     calls = []
     mb = MicroBatcher(lambda xs: calls.append(list(xs)) or xs, max_batch_size=8)
     first, second = mb.submit(["a"]), mb.submit(["b"])
     assert first.cancel()
-    with mb: assert second.result(10) == ["b"]
+    with mb:
+        assert second.result(10) == ["b"]
     assert calls == [["b"]] and mb.stats["items"] == 1
-    with pytest.raises(RuntimeError, match="stopped"): mb.submit(["late"])
+    with pytest.raises(RuntimeError, match="stopped"):
+        mb.submit(["late"])
 
 
 def test_microbatcher_rejects_bad_sizes():
-    with pytest.raises(ValueError): MicroBatcher(lambda x: x, max_batch_size=0)
-    with pytest.raises(ValueError): MicroBatcher(lambda x: x, max_wait_ms=-1)
+    with pytest.raises(ValueError):
+        MicroBatcher(lambda x: x, max_batch_size=0)
+    with pytest.raises(ValueError):
+        MicroBatcher(lambda x: x, max_wait_ms=-1)
 
 
 def test_microbatcher_wrong_result_count_fails_the_jobs():
     with MicroBatcher(lambda xs: xs[:1], max_batch_size=4) as mb:
-        with pytest.raises(RuntimeError, match="returned 1 results for 2 items"): mb.submit(["a", "b"]).result(10)
+        with pytest.raises(RuntimeError, match="returned 1 results for 2 items"):
+            mb.submit(["a", "b"]).result(10)
 
 
 # ---------------------------------------------------------------- routes
+
 
 def test_health(client):
     h = client.get("/health").json()
@@ -252,16 +324,21 @@ def test_docs_openapi_and_demo_page(client):
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     shipped = (ROOT / "distrinews" / "static" / "index.html").read_text(encoding="utf-8")
-    assert page.text == shipped and 'fetch("predict"' in page.text      # the package-data file, served as it is
-    assert "h.limits.max_text_chars" in page.text                        # the page takes its text limit from /health
+    assert page.text == shipped and 'fetch("predict"' in page.text  # the package-data file, served as it is
+    assert "h.limits.max_text_chars" in page.text  # the page takes its text limit from /health
 
 
 BAD_INPUTS = {
     "empty text": ("post", "/predict", dict(json={"text": ""}), 422, "at least 1 character"),
     "white space only": ("post", "/predict", dict(json={"text": " \t\n "}), 422, "only white space"),
     "text over the limit": ("post", "/predict", dict(json={"text": "x" * 201}), 422, "at most 200 characters"),
-    "lone surrogate": ("post", "/predict", dict(content=b'{"text": "\\ud800"}', headers={"content-type": "application/json"}),
-                       422, "unicode"),
+    "lone surrogate": (
+        "post",
+        "/predict",
+        dict(content=b'{"text": "\\ud800"}', headers={"content-type": "application/json"}),
+        422,
+        "unicode",
+    ),
     "empty batch": ("post", "/predict/batch", dict(json={"texts": []}), 422, "at least 1 item"),
     "batch over the limit": ("post", "/predict/batch", dict(json={"texts": ["a"] * 5}), 422, "at most 4 items"),
     "blank text in a batch": ("post", "/predict/batch", dict(json={"texts": ["ok", ""]}), 422, "texts"),
@@ -273,16 +350,36 @@ BAD_INPUTS = {
     "body is a list": ("post", "/predict", dict(json=["text"]), 422, "valid dictionary"),
     "missing field": ("post", "/predict", dict(json={}), 422, "Field required"),
     "unknown field": ("post", "/predict", dict(json={"text": "a", "lang": "en"}), 422, "Extra inputs"),
-    "invalid JSON": ("post", "/predict", dict(content=b'{"text": "a"', headers={"content-type": "application/json"}),
-                     422, "invalid JSON"),
-    "not JSON at all": ("post", "/predict", dict(content=b"text=hello", headers={"content-type": "text/plain"}), 422, "body"),
+    "invalid JSON": (
+        "post",
+        "/predict",
+        dict(content=b'{"text": "a"', headers={"content-type": "application/json"}),
+        422,
+        "invalid JSON",
+    ),
+    "not JSON at all": (
+        "post",
+        "/predict",
+        dict(content=b"text=hello", headers={"content-type": "text/plain"}),
+        422,
+        "body",
+    ),
     # announced by Content-Length: Starlette answers before reading the body, with its own plain text
     "body over the byte limit": ("post", "/predict", dict(json={"text": "y" * 3000}), 413, "Content Too Large"),
-    "chunked body over the limit": ("post", "/predict", dict(content=iter([b'{"text": "', b"z" * 3000, b'"}']),
-                                                             headers={"content-type": "application/json"}), 413,
-                                    "larger than the limit of 2048 bytes"),
-    "not UTF-8": ("post", "/predict", dict(content=b'{"text": "caf\xe9"}', headers={"content-type": "application/json"}),
-                  400, "not valid UTF-8"),
+    "chunked body over the limit": (
+        "post",
+        "/predict",
+        dict(content=iter([b'{"text": "', b"z" * 3000, b'"}']), headers={"content-type": "application/json"}),
+        413,
+        "larger than the limit of 2048 bytes",
+    ),
+    "not UTF-8": (
+        "post",
+        "/predict",
+        dict(content=b'{"text": "caf\xe9"}', headers={"content-type": "application/json"}),
+        400,
+        "not valid UTF-8",
+    ),
     "unknown route": ("get", "/predict/now", {}, 404, "Not Found"),
     "unknown route (POST)": ("post", "/classify", dict(json={"text": "a"}), 404, "Not Found"),
     "GET on a POST route": ("get", "/predict", {}, 405, "Method Not Allowed"),
@@ -296,7 +393,7 @@ def test_bad_input_is_a_clear_4xx(client, name):
     method, path, kwargs, status, fragment = BAD_INPUTS[name]
     r = getattr(client, method)(path, **kwargs) if method != "delete" else client.delete(path)
     assert r.status_code == status, r.text
-    if name == "body over the byte limit":               # the one answer that is not our JSON
+    if name == "body over the byte limit":  # the one answer that is not our JSON
         assert r.headers["content-type"].startswith("text/plain") and r.text == fragment
         return
     assert r.headers["content-type"] == "application/json"
@@ -317,39 +414,49 @@ def test_settings_come_from_the_environment(checkpoint, monkeypatch, classifier)
 
 # ---------------------------------------------------------------- no model
 
-@pytest.mark.parametrize("setup, reason", [
-    (lambda tmp: None, "no checkpoint configured"),
-    (lambda tmp: tmp / "nowhere", "does not exist"),
-    (lambda tmp: (tmp / "config.json").write_text("{oops") and tmp, "not valid JSON"),
-])
+
+@pytest.mark.parametrize(
+    "setup, reason",
+    [
+        (lambda tmp: None, "no checkpoint configured"),
+        (lambda tmp: tmp / "nowhere", "does not exist"),
+        (lambda tmp: (tmp / "config.json").write_text("{oops") and tmp, "not valid JSON"),
+    ],
+)
 def test_server_without_a_model_stays_up_and_says_why(tmp_path, setup, reason):
     with TestClient(create_app(ServeSettings(checkpoint=setup(tmp_path), **SMALL))) as c:
         h = c.get("/health")
-        assert h.status_code == 503                                 # not ready: a platform sends it no traffic
+        assert h.status_code == 503  # not ready: a platform sends it no traffic
         assert (h.json()["status"], h.json()["model_loaded"]) == ("unavailable", False) and reason in h.json()["error"]
         for r in (c.post("/predict", json={"text": "hello"}), c.post("/predict/batch", json={"texts": ["hello"]})):
             assert r.status_code == 503 and "model not loaded" in r.json()["detail"] and reason in r.json()["detail"]
-        assert c.get("/").status_code == 200                       # the demo page still renders
-        assert c.post("/predict", json={"text": ""}).status_code == 422   # bad input is still the client's fault
+        assert c.get("/").status_code == 200  # the demo page still renders
+        assert c.post("/predict", json={"text": ""}).status_code == 422  # bad input is still the client's fault
 
 
 # ---------------------------------------------------------------- batching and backpressure through the app
+
 
 def _blocking(classifier):
     "A copy of `classifier` whose forward passes wait for `release`, and that records batch sizes."
     clf = copy.copy(classifier)
     clf.entered, clf.release, clf.sizes = threading.Event(), threading.Event(), []
     real = classifier.predict_batch
+
     def predict_batch(texts):
-        clf.sizes.append(len(texts)); clf.entered.set(); clf.release.wait(30)
+        clf.sizes.append(len(texts))
+        clf.entered.set()
+        clf.release.wait(30)
         return real(texts)
+
     clf.predict_batch = predict_batch
     return clf
 
 
 def _wait_until(condition, limit=2000):
     for _ in range(limit):
-        if condition(): return True
+        if condition():
+            return True
         time.sleep(0.005)
     raise AssertionError("condition not reached")
 
@@ -363,12 +470,17 @@ def test_concurrent_requests_share_forward_passes(classifier, batching):
         blocker = batcher.submit(["occupies the worker"])
         clf.entered.wait(10)
         results = {}
-        def call(i): results[i] = c.post("/predict", json={"text": f"headline number {i}"})
+
+        def call(i):
+            results[i] = c.post("/predict", json={"text": f"headline number {i}"})
+
         threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
-        for t in threads: t.start()
+        for t in threads:
+            t.start()
         _wait_until(lambda: batcher.queued == 6)
         clf.release.set()
-        for t in threads: t.join(30)
+        for t in threads:
+            t.join(30)
         blocker.result(30)
     assert all(r.status_code == 200 for r in results.values()) and len(results) == 6
     assert clf.sizes == ([1, 6] if batching else [1] * 7)
@@ -383,7 +495,7 @@ def test_full_queue_answers_503_with_retry_after(classifier):
         batcher = c.app.state.batcher
         running = batcher.submit(["occupies the worker"])
         clf.entered.wait(10)
-        waiting = batcher.submit(["a", "b", "c", "d"])          # the queue is now full
+        waiting = batcher.submit(["a", "b", "c", "d"])  # the queue is now full
         r = c.post("/predict", json={"text": "one more"})
         assert r.status_code == 503 and r.headers["retry-after"] == "3" and "queue limit 4" in r.json()["detail"]
         r = c.post("/predict/batch", json={"texts": ["x", "y"]})

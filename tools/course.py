@@ -10,36 +10,64 @@ of this machine made relative, a deliberate error shown as its one-line message)
 page" line says which profile, hardware and how long. `nbdev_clean` then strips execution metadata, not the outputs.
 The tests (`nbdev_test`, the papermill rehearsal) run the notebooks from scratch and never write back.
 """
+
 from __future__ import annotations
 
-import argparse, datetime, json, os, platform, re, subprocess, sys, tempfile, time
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NBS = ROOT / "nbs"
-COURSE_RUN_TAG = "course-run"          # the markdown cell under each notebook's title that says how its outputs were made
-ERROR_TAG = "raises-exception"         # Jupyter's tag for a cell that fails on purpose (its error stays, shortened)
+COURSE_RUN_TAG = "course-run"  # the markdown cell under each notebook's title that says how its outputs were made
+ERROR_TAG = "raises-exception"  # Jupyter's tag for a cell that fails on purpose (its error stays, shortened)
 
 # The profile each notebook is about, and what a reader should know about its outputs. `cpu` is the real thing: all
 # 10,429 training rows and all 7,600 test rows. The demonstrations in 00 and 08-11 use their own small inputs anyway.
 PLAN = {
-    "03": dict(params={}, note="the full `cpu` run in one process: all 10,429 training rows, 3 epochs, all 7,600 test rows"),
-    "04": dict(params={}, note="the torchrun cell trains the `cpu` profile with 2 workers into `runs/cpu/` "
-                               "(notebooks 05 and 06 use that checkpoint)"),
+    "03": dict(
+        params={}, note="the full `cpu` run in one process: all 10,429 training rows, 3 epochs, all 7,600 test rows"
+    ),
+    "04": dict(
+        params={},
+        note="the torchrun cell trains the `cpu` profile with 2 workers into `runs/cpu/` "
+        "(notebooks 05 and 06 use that checkpoint)",
+    ),
     "05": dict(params={}, needs="runs/cpu/checkpoint", note="predictions from the checkpoint notebook 04 trained"),
     "06": dict(params={}, needs="runs/cpu/checkpoint", note="the API serves the checkpoint notebook 04 trained"),
-    "07": dict(params={"measure": ""}, note="nothing re-measured here: the report and charts are drawn from the committed "
-                                            "`benchmarks/results/` (`benchmarks/run.py` measures them, see its header)"),
+    "07": dict(
+        params={"measure": ""},
+        note="nothing re-measured here: the report and charts are drawn from the committed "
+        "`benchmarks/results/` (`benchmarks/run.py` measures them, see its header)",
+    ),
 }
 PROFILE = "cpu"
 
 
 def hardware() -> str:
     "This machine in a few words: the CPU model and cores, and the GPUs if any."
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor() or platform.machine()) \
-        if Path("/proc/cpuinfo").exists() else platform.processor() or platform.machine()
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor() or platform.machine(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor() or platform.machine()
+    )
     import torch
+
     gpus = torch.cuda.device_count()
     gpu = f", {gpus} x {torch.cuda.get_device_name(0)}" if gpus else ", no GPU"
     return f"{model} ({os.cpu_count()} cores{gpu}), torch {torch.__version__}"
@@ -64,7 +92,9 @@ def _settle(text: str) -> str:
 def tidy_text(text: str, root: Path = ROOT) -> str:
     """Text fit to publish: progress bars settled; this clone's folder made relative, scratch folders and installed
     packages named without this machine's paths."""
-    text = re.sub(r"/[^\s'\"]*/(site|dist)-packages/", "", NOISE.sub("", _settle(text)))   # a library's file: named from its package
+    text = re.sub(
+        r"/[^\s'\"]*/(site|dist)-packages/", "", NOISE.sub("", _settle(text))
+    )  # a library's file: named from its package
     text = text.replace(str(root) + "/", "").replace(str(root), ".")
     return re.sub(r"/tmp/[^\s'\"),]*", "<temp folder>", text)
 
@@ -78,10 +108,15 @@ def _merged_streams(outputs: list) -> list:
     "Consecutive outputs of one stream joined into one (a progress bar arrives as one output per redraw)."
     merged = []
     for out in outputs:
-        if merged and out.get("output_type") == "stream" and merged[-1].get("output_type") == "stream" \
-                and merged[-1]["name"] == out["name"]:
+        if (
+            merged
+            and out.get("output_type") == "stream"
+            and merged[-1].get("output_type") == "stream"
+            and merged[-1]["name"] == out["name"]
+        ):
             merged[-1] = dict(merged[-1], text="".join(merged[-1]["text"]) + "".join(out["text"]))
-        else: merged.append(dict(out))
+        else:
+            merged.append(dict(out))
     return merged
 
 
@@ -90,8 +125,9 @@ def tidy_outputs(cell: dict, root: Path = ROOT) -> dict:
     outputs = []
     for out in _merged_streams(cell.get("outputs", [])):
         if out.get("output_type") == "stream":
-            text = re.sub(r"\n{3,}", "\n\n", tidy_text("".join(out["text"]), root))   # no runs of blank lines
-            if not text.strip(): continue
+            text = re.sub(r"\n{3,}", "\n\n", tidy_text("".join(out["text"]), root))  # no runs of blank lines
+            if not text.strip():
+                continue
             out["text"] = _lines(text)
         elif out.get("output_type") == "error":
             out["traceback"] = [f"{out['ename']}: {tidy_text(out['evalue'], root)}"]
@@ -102,7 +138,8 @@ def tidy_outputs(cell: dict, root: Path = ROOT) -> dict:
                 value = data[kind] if isinstance(data[kind], str) else "".join(data[kind])
                 data[kind] = _lines(tidy_text(value, root))
             out["data"] = data
-        if "execution_count" in out: out["execution_count"] = None
+        if "execution_count" in out:
+            out["execution_count"] = None
         outputs.append(out)
     return dict(cell, outputs=outputs, execution_count=None)
 
@@ -112,7 +149,8 @@ def tidy(path: Path, root: Path = ROOT):
     parameters papermill injected and recorded in the metadata: they name folders of this machine too."""
     nb = json.loads(Path(path).read_text())
     for i, cell in enumerate(nb["cells"]):
-        if cell["cell_type"] == "code": nb["cells"][i] = cell = tidy_outputs(cell, root)
+        if cell["cell_type"] == "code":
+            nb["cells"][i] = cell = tidy_outputs(cell, root)
         if "injected-parameters" in cell["metadata"].get("tags", []):
             cell["source"] = _lines(tidy_text("".join(cell["source"]), root))
     if "papermill" in nb["metadata"]:
@@ -124,18 +162,27 @@ def course_run_line(profile: str, params: dict, seconds: float, note: str = "") 
     "The text of a notebook's 'Outputs on this page' cell."
     extra = "".join(f", `{k}={v!r}`" for k, v in params.items())
     took = f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
-    return (f"*Outputs on this page: profile `{profile}`{extra}, executed by `make course` on {hardware()}, "
-            f"{datetime.date.today():%Y-%m-%d}; the whole notebook ran in {took}.*" + (f" *Here: {note}.*" if note else ""))
+    return (
+        f"*Outputs on this page: profile `{profile}`{extra}, executed by `make course` on {hardware()}, "
+        f"{datetime.date.today():%Y-%m-%d}; the whole notebook ran in {took}.*" + (f" *Here: {note}.*" if note else "")
+    )
 
 
 def execute(notebook: Path, profile: str, params: dict) -> tuple[dict, float]:
     "Run a copy of `notebook` with papermill in nbs/; return the executed notebook and its wall time."
     import papermill as pm
+
     with tempfile.TemporaryDirectory(prefix="distrinews-course-") as scratch:
         executed = Path(scratch) / notebook.name
         started = time.perf_counter()
-        pm.execute_notebook(notebook, executed, parameters=dict(profile=profile, **params), cwd=NBS,
-                            progress_bar=False, log_output=False)
+        pm.execute_notebook(
+            notebook,
+            executed,
+            parameters=dict(profile=profile, **params),
+            cwd=NBS,
+            progress_bar=False,
+            log_output=False,
+        )
         return json.loads(executed.read_text()), time.perf_counter() - started
 
 
@@ -149,7 +196,8 @@ def write_back(notebook: Path, executed: dict, line: str):
         if mine["cell_type"] == "code":
             tidied = tidy_outputs(theirs)
             mine["outputs"], mine["execution_count"] = tidied["outputs"], None
-        if COURSE_RUN_TAG in mine["metadata"].get("tags", []): mine["source"] = _lines(line)
+        if COURSE_RUN_TAG in mine["metadata"].get("tags", []):
+            mine["source"] = _lines(line)
     notebook.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
@@ -158,26 +206,33 @@ def main(argv=None):
     p.add_argument("only", nargs="*", help="notebook numbers to run (default: every numbered notebook)")
     a = p.parse_args(argv)
     notebooks = sorted(NBS.glob("[0-9][0-9]_*.ipynb"))
-    if a.only: notebooks = [n for n in notebooks if n.name[:2] in a.only]
-    if not notebooks: p.error(f"no notebook matches {a.only}")
-    for var in ("DISTRINEWS_OVERRIDES", "DISTRINEWS_PROFILE"):      # the outputs must show the profile itself
+    if a.only:
+        notebooks = [n for n in notebooks if n.name[:2] in a.only]
+    if not notebooks:
+        p.error(f"no notebook matches {a.only}")
+    for var in ("DISTRINEWS_OVERRIDES", "DISTRINEWS_PROFILE"):  # the outputs must show the profile itself
         os.environ.pop(var, None)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # tqdm.auto (imported by datasets and transformers) warns in every kernel without ipywidgets; its progress bars
     # work as text anyway, and text is what a committed notebook can show (widgets render as nothing on GitHub)
-    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), "ignore:IProgress not found"]))
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        filter(None, [os.environ.get("PYTHONWARNINGS"), "ignore:IProgress not found"])
+    )
     total = time.perf_counter()
     for notebook in notebooks:
         plan = PLAN.get(notebook.name[:2], {})
         needs = plan.get("needs")
         if needs and not (ROOT / needs).exists():
-            sys.exit(f"{notebook.name} shows the model notebook 04 trains, and {needs} does not exist: run 04 first "
-                     f"(`tools/course.py 04 {notebook.name[:2]}`).")
+            sys.exit(
+                f"{notebook.name} shows the model notebook 04 trains, and {needs} does not exist: run 04 first "
+                f"(`tools/course.py 04 {notebook.name[:2]}`)."
+            )
         print(f"== {notebook.name} (profile {PROFILE})", flush=True)
         executed, seconds = execute(notebook, PROFILE, plan.get("params", {}))
         write_back(notebook, executed, course_run_line(PROFILE, plan.get("params", {}), seconds, plan.get("note", "")))
         print(f"   {seconds / 60:.1f} min", flush=True)
-    for notebook in sorted(NBS.glob("[0-9][0-9]_*.ipynb")): tidy(notebook)     # idempotent: also what ran before
+    for notebook in sorted(NBS.glob("[0-9][0-9]_*.ipynb")):
+        tidy(notebook)  # idempotent: also what ran before
     subprocess.run([str(Path(sys.executable).parent / "nbdev_clean"), "--fname", str(NBS)], check=True, cwd=ROOT)
     print(f"course executed in {(time.perf_counter() - total) / 60:.1f} min")
 

@@ -30,8 +30,9 @@ __all__ = ['training_hours', 'training_memory_gb', 'RankResult', 'shutdown_worke
            'time_all_reduce', 'sampler_shards', 'global_rank']
 
 # %% ../../nbs/00_concepts.ipynb #d84d3507
-def training_hours(samples: int, batch_size: int, seconds_per_step: float, epochs: int,
-                   workers: int = 1, efficiency: float = 1.0) -> float:
+def training_hours(
+    samples: int, batch_size: int, seconds_per_step: float, epochs: int, workers: int = 1, efficiency: float = 1.0
+) -> float:
     "Hours to train `epochs` over `samples` with `workers` each taking `batch_size` per step (`efficiency` <= 1)."
     steps_per_epoch = math.ceil(samples / (batch_size * workers))
     return steps_per_epoch * seconds_per_step * epochs / efficiency / 3600
@@ -45,88 +46,131 @@ def training_memory_gb(n_params: float, bytes_per_param: int = 16) -> float:
 @dataclass
 class RankResult:
     "What one rank returned (`value`), or the error it raised (`error`), and everything it printed (`output`)."
+
     rank: int
     value: Any = None
     error: str | None = None
     output: str = ""
+
     @property
-    def ok(self) -> bool: return self.error is None
+    def ok(self) -> bool:
+        return self.error is None
+
 
 def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
     "In a worker: capture output, join a fresh process group, run the function, leave the group."
     fn, args, kwargs, env, port, timeout_s, log_path = task
-    sys.stdout.flush(); sys.stderr.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(log, 1); os.dup2(log, 2); os.close(log)          # C++ logs go to file descriptors 1 and 2 as well
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)  # C++ logs go to file descriptors 1 and 2 as well
     old_env = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    dist.set_debug_level_from_env()                           # TORCH_DISTRIBUTED_DEBUG is otherwise read at import
+    dist.set_debug_level_from_env()  # TORCH_DISTRIBUTED_DEBUG is otherwise read at import
     value, error = None, None
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
         value = fn(rank, world_size, *args, **kwargs)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     finally:
         try:
-            if dist.is_initialized(): dist.destroy_process_group()
-        except Exception: pass
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
         for k, v in old_env.items():
-            if v is None: os.environ.pop(k, None)
-            else: os.environ[k] = v
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         dist.set_debug_level_from_env()
-        sys.stdout.flush(); sys.stderr.flush()
-        os.dup2(saved[0], 1); os.dup2(saved[1], 2)
-        os.close(saved[0]); os.close(saved[1])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
     return value, error
+
 
 def _worker_loop(rank: int, world_size: int, conn):
     "A worker process: run tasks from `conn` until it sends None."
-    torch.set_num_threads(1)              # the workers share the machine's cores
+    torch.set_num_threads(1)  # the workers share the machine's cores
     while (task := conn.recv()) is not None:
-        try: conn.send(_run_task(rank, world_size, task))
-        except Exception as e: conn.send((None, f"the result could not be sent back: {type(e).__name__}: {e}"))
+        try:
+            conn.send(_run_task(rank, world_size, task))
+        except Exception as e:
+            conn.send((None, f"the result could not be sent back: {type(e).__name__}: {e}"))
+
 
 class _Workers:
     "`world_size` live worker processes and a pipe to each."
+
     def __init__(self, world_size: int):
         ctx = mp.get_context("spawn")
         self.world_size, self.conns, self.procs = world_size, [], []
         for rank in range(world_size):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_worker_loop, args=(rank, world_size, theirs), daemon=True, name=f"distrinews-rank{rank}")
+            p = ctx.Process(
+                target=_worker_loop, args=(rank, world_size, theirs), daemon=True, name=f"distrinews-rank{rank}"
+            )
             p.start()
-            self.conns.append(mine); self.procs.append(p)
-    def alive(self) -> bool: return all(p.is_alive() for p in self.procs)
+            self.conns.append(mine)
+            self.procs.append(p)
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
     def close(self):
         for c in self.conns:
-            try: c.send(None)
-            except Exception: pass
+            try:
+                c.send(None)
+            except Exception:
+                pass
         for p in self.procs:
             p.join(3)
-            if p.is_alive(): p.kill(); p.join(3)
+            if p.is_alive():
+                p.kill()
+                p.join(3)
+
 
 _WORKERS: dict[int, _Workers] = {}
 
+
 def shutdown_workers():
     "Stop the worker processes that `spawn_workers` started (they also stop when this process exits)."
-    while _WORKERS: _WORKERS.popitem()[1].close()
+    while _WORKERS:
+        _WORKERS.popitem()[1].close()
+
 
 atexit.register(shutdown_workers)
 
-def spawn_workers(fn, *args, world_size: int = 2, env: dict | None = None, timeout_s: float = 30,
-                  check: bool = True, **kwargs) -> list[RankResult]:
+
+def spawn_workers(
+    fn, *args, world_size: int = 2, env: dict | None = None, timeout_s: float = 30, check: bool = True, **kwargs
+) -> list[RankResult]:
     """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` processes joined in a gloo process group.
     `env`: environment variables for this call; `timeout_s`: how long a collective may wait for the others;
     `check`: raise if any rank failed (else the errors are in the results). One `RankResult` per rank."""
     if fn.__module__ == "__main__" or "<" in fn.__qualname__:
-        raise ValueError(f"{fn.__qualname__} is defined in the notebook (or is a lambda/local function): worker processes "
-                         "import the function by name, so it must live in a module, e.g. one exported with #|export.")
+        raise ValueError(
+            f"{fn.__qualname__} is defined in the notebook (or is a lambda/local function): worker processes "
+            "import the function by name, so it must live in a module, e.g. one exported with #|export."
+        )
     workers = _WORKERS.get(world_size)
     if workers is None or not workers.alive():
-        if workers is not None: workers.close()
+        if workers is not None:
+            workers.close()
         workers = _WORKERS[world_size] = _Workers(world_size)
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="distrinews-ranks-") as d:
@@ -137,30 +181,35 @@ def spawn_workers(fn, *args, world_size: int = 2, env: dict | None = None, timeo
         results = []
         for r, conn in enumerate(workers.conns):
             try:
-                if not conn.poll(max(0.0, deadline - time.monotonic())): raise TimeoutError
+                if not conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError
                 value, error = conn.recv()
             except (EOFError, OSError, TimeoutError) as e:
                 output = open(logs[r]).read() if os.path.exists(logs[r]) else ""
                 code = workers.procs[r].exitcode
                 _WORKERS.pop(world_size).close()
                 what = "did not answer in time" if isinstance(e, TimeoutError) else f"died (exit code {code})"
-                raise RuntimeError(f"rank {r} {what} while running {fn.__name__}; the workers were restarted. "
-                                   f"Its last output:\n{output[-2000:]}") from None
+                raise RuntimeError(
+                    f"rank {r} {what} while running {fn.__name__}; the workers were restarted. "
+                    f"Its last output:\n{output[-2000:]}"
+                ) from None
             results.append(RankResult(r, value, error, open(logs[r]).read()))
     if check and not all(res.ok for res in results):
         raise RuntimeError("\n".join(f"rank {res.rank}: {res.error}" for res in results if not res.ok))
     return results
 
+
 def show_outputs(results: list[RankResult]):
     "Print what each rank printed, every line prefixed by its rank."
     for res in results:
-        for line in res.output.splitlines(): print(f"[rank {res.rank}] {line}")
+        for line in res.output.splitlines():
+            print(f"[rank {res.rank}] {line}")
 
 # %% ../../nbs/00_concepts.ipynb #10a66b41
 def collectives_demo(rank: int, world_size: int) -> dict:
     "Each collective once, with values that make the result easy to predict."
     out = {}
-    t = torch.tensor([float(rank + 1)])                 # rank 0 holds 1, rank 1 holds 2, ...
+    t = torch.tensor([float(rank + 1)])  # rank 0 holds 1, rank 1 holds 2, ...
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     out["all_reduce_sum"] = t.item()
     t = torch.tensor([float(rank + 1)])
@@ -172,9 +221,10 @@ def collectives_demo(rank: int, world_size: int) -> dict:
     gathered = [torch.zeros(2) for _ in range(world_size)]
     dist.all_gather(gathered, torch.tensor([float(rank), float(rank * rank)]))
     out["all_gather"] = [g.tolist() for g in gathered]
-    if rank == 1: time.sleep(1.0)                       # rank 1 is late...
+    if rank == 1:
+        time.sleep(1.0)  # rank 1 is late...
     start = time.perf_counter()
-    dist.barrier()                                      # ...so everyone else waits for it here
+    dist.barrier()  # ...so everyone else waits for it here
     out["waited_at_barrier_s"] = round(time.perf_counter() - start, 2)
     print(f"I am rank {rank} of {world_size}; after the barrier, everyone is here")
     return out
@@ -185,33 +235,44 @@ def tiny_mlp(seed: int = 0, width: int = 32) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4))
 
+
 def demo_batch(n: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     "The same `n` random inputs and labels on every rank (so each rank can cut out its slice)."
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
 
+
 def ddp_anatomy(rank: int, world_size: int, steps: int = 3, bucket_cap_mb: float = 0.004) -> dict:
     "Wrap differently-initialised models in DDP, record the buckets of each backward, compare with a full-batch gradient."
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
-    model = tiny_mlp(seed=rank)                                   # deliberately different on every rank
+
+    model = tiny_mlp(seed=rank)  # deliberately different on every rank
     before = parameter_fingerprint(model).tolist()
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)                 # broadcasts rank 0's weights
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)  # broadcasts rank 0's weights
     after = parameter_fingerprint(model).tolist()
-    full = copy.deepcopy(model)                                   # a plain copy, for the single-process reference
+    full = copy.deepcopy(model)  # a plain copy, for the single-process reference
     names = {id(p): n for n, p in model.named_parameters()}
     buckets, step = [], 0
+
     def hook(state, bucket):
-        buckets.append(dict(step=step, index=bucket.index(), numel=bucket.buffer().numel(),
-                            params=[names[id(p)] for p in bucket.parameters()],
-                            first_layer_grad_ready=model[0].weight.grad is not None))
-        return allreduce_hook(state, bucket)                      # the default: all-reduce, divide by world size
+        buckets.append(
+            dict(
+                step=step,
+                index=bucket.index(),
+                numel=bucket.buffer().numel(),
+                params=[names[id(p)] for p in bucket.parameters()],
+                first_layer_grad_ready=model[0].weight.grad is not None,
+            )
+        )
+        return allreduce_hook(state, bucket)  # the default: all-reduce, divide by world size
+
     ddp.register_comm_hook(dist.group.WORLD, hook)
     x, y = demo_batch(8 * world_size)
-    for step in range(steps):                                     # no optimizer step: the weights stay as they are
+    for step in range(steps):  # no optimizer step: the weights stay as they are
         ddp.zero_grad(set_to_none=True)
         F.cross_entropy(ddp(x[rank::world_size]), y[rank::world_size]).backward()
-    F.cross_entropy(full(x), y).backward()                        # one process, the whole batch
+    F.cross_entropy(full(x), y).backward()  # one process, the whole batch
     grads_match = all(torch.allclose(p.grad, q.grad, atol=1e-6) for p, q in zip(model.parameters(), full.parameters()))
     return dict(before=before, after=after, buckets=buckets, grads_match_full_batch=grads_match)
 
@@ -222,17 +283,22 @@ def ring_all_reduce(vectors: list[list[float]]) -> tuple[list[list[float]], list
     data = [list(v) for v in vectors]
     bounds = [(c * size // n, (c + 1) * size // n) for c in range(n)]
     sent = [0] * n
+
     def ring_step(chunk_of, combine):
         messages = []
-        for r in range(n):                                  # everyone sends at the same time...
+        for r in range(n):  # everyone sends at the same time...
             lo, hi = bounds[chunk_of(r)]
             messages.append(((r + 1) % n, lo, hi, data[r][lo:hi]))
             sent[r] += hi - lo
-        for dst, lo, hi, chunk in messages:                 # ...then everyone receives
+        for dst, lo, hi, chunk in messages:  # ...then everyone receives
             data[dst][lo:hi] = [combine(a, b) for a, b in zip(data[dst][lo:hi], chunk)]
-    for s in range(n - 1): ring_step(lambda r: (r - s) % n, lambda mine, theirs: mine + theirs)      # reduce-scatter
-    for s in range(n - 1): ring_step(lambda r: (r + 1 - s) % n, lambda mine, theirs: theirs)         # all-gather
+
+    for s in range(n - 1):
+        ring_step(lambda r: (r - s) % n, lambda mine, theirs: mine + theirs)  # reduce-scatter
+    for s in range(n - 1):
+        ring_step(lambda r: (r + 1 - s) % n, lambda mine, theirs: theirs)  # all-gather
     return data, sent
+
 
 def ring_all_reduce_bytes(gradient_bytes: float, world_size: int) -> float:
     "Bytes each rank sends (and receives) in one ring all-reduce of `gradient_bytes`."
@@ -244,7 +310,7 @@ def time_all_reduce(rank: int, world_size: int, sizes: list[int], repeats: int =
     times = {}
     for n in sizes:
         t = torch.ones(n)
-        dist.all_reduce(t)                                   # warm-up: buffers, connections
+        dist.all_reduce(t)  # warm-up: buffers, connections
         samples = []
         for _ in range(repeats):
             dist.barrier()
@@ -261,7 +327,8 @@ def sampler_shards(make_sampler, world_size: int, epochs: int = 2, call_set_epoc
     shards = []
     for epoch in range(epochs):
         if call_set_epoch:
-            for s in samplers: s.set_epoch(epoch)
+            for s in samplers:
+                s.set_epoch(epoch)
         shards.append([list(s) for s in samplers])
     return shards
 

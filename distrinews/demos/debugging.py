@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .concepts import demo_batch, tiny_mlp
 from ..ddp import parameter_fingerprint, replicas_in_sync
+from .concepts import demo_batch, tiny_mlp
 
 # %% auto #0
 __all__ = ['TwoHeads', 'unused_parameters_demo', 'uneven_batches_demo', 'mismatched_all_reduce', 'logging_demo', 'slow_save',
@@ -31,19 +31,24 @@ __all__ = ['TwoHeads', 'unused_parameters_demo', 'uneven_batches_demo', 'mismatc
 # %% ../../nbs/08_debugging_ddp.ipynb #7995ba2d
 class TwoHeads(nn.Module):
     "A body and two heads; `forward` uses only `head_a` unless asked for both."
+
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
         self.body, self.head_a, self.head_b = nn.Linear(16, 8), nn.Linear(8, 4), nn.Linear(8, 2)
+
     def forward(self, x, use_b: bool = False):
         h = torch.relu(self.body(x))
         return (self.head_a(h), self.head_b(h)) if use_b else self.head_a(h)
 
-def unused_parameters_demo(rank: int, world_size: int, find_unused_parameters: bool = False,
-                           freeze_unused: bool = False, steps: int = 3) -> dict:
+
+def unused_parameters_demo(
+    rank: int, world_size: int, find_unused_parameters: bool = False, freeze_unused: bool = False, steps: int = 3
+) -> dict:
     "A few training steps of `TwoHeads` under DDP, with `head_b` never used."
     model = TwoHeads()
-    if freeze_unused: model.head_b.requires_grad_(False)          # DDP ignores parameters that need no gradient
+    if freeze_unused:
+        model.head_b.requires_grad_(False)  # DDP ignores parameters that need no gradient
     ddp = DDP(model, find_unused_parameters=find_unused_parameters)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     x, y = demo_batch(8 * world_size, seed=1)
@@ -55,11 +60,14 @@ def unused_parameters_demo(rank: int, world_size: int, find_unused_parameters: b
     return dict(steps=steps, head_b_grad=model.head_b.weight.grad, in_sync=replicas_in_sync(ddp))
 
 # %% ../../nbs/08_debugging_ddp.ipynb #0f18b45b
-def uneven_batches_demo(rank: int, world_size: int, batches: list[int], use_join: bool = False,
-                        linger_s: float = 0.0) -> dict:
+def uneven_batches_demo(
+    rank: int, world_size: int, batches: list[int], use_join: bool = False, linger_s: float = 0.0
+) -> dict:
     "Rank r trains on `batches[r]` batches; `use_join`: wrap the loop in `Join`, which tolerates uneven inputs."
-    from torch.distributed.algorithms.join import Join
     import contextlib
+
+    from torch.distributed.algorithms.join import Join
+
     ddp = DDP(nn.Linear(16, 4))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     x, y = demo_batch(4 * max(batches) * world_size, seed=2)
@@ -75,7 +83,7 @@ def uneven_batches_demo(rank: int, world_size: int, batches: list[int], use_join
                 done += 1
     except Exception as e:
         raise RuntimeError(f"after {done} batches and {time.perf_counter() - start:.1f} s: {e}") from None
-    time.sleep(linger_s)                                          # this rank goes on with something else
+    time.sleep(linger_s)  # this rank goes on with something else
     return dict(batches=done, seconds=round(time.perf_counter() - start, 1))
 
 # %% ../../nbs/08_debugging_ddp.ipynb #2fa14570
@@ -97,7 +105,8 @@ def logging_demo(rank: int, world_size: int, rank0_only: bool) -> dict:
     mean = loss.clone()
     dist.all_reduce(mean)
     mean /= world_size
-    if rank == 0: print(f"step 1: loss {mean.item():.4f} (mean over {world_size} ranks)")
+    if rank == 0:
+        print(f"step 1: loss {mean.item():.4f} (mean over {world_size} ranks)")
     return dict(local=loss.item(), mean=mean.item())
 
 # %% ../../nbs/08_debugging_ddp.ipynb #5262d554
@@ -108,8 +117,10 @@ def slow_save(obj, path, pieces: int = 10, delay_s: float = 0.1):
     data = buf.getvalue()
     with open(path, "wb") as f:
         for i in range(pieces):
-            f.write(data[i * len(data) // pieces:(i + 1) * len(data) // pieces]); f.flush()
+            f.write(data[i * len(data) // pieces : (i + 1) * len(data) // pieces])
+            f.flush()
             time.sleep(delay_s)
+
 
 def try_load(path) -> str:
     "'ok', or the error `torch.load` raises on `path`."
@@ -119,6 +130,7 @@ def try_load(path) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {str(e)[:100]}"
 
+
 def checkpoint_demo(rank: int, world_size: int, path: str, strategy: str) -> dict:
     """Save `tiny_mlp`'s weights to `path` and read them back, with one of three strategies (2 ranks):
     'every_rank' (both write; rank 1 starts when rank 0 is 70 % done), 'rank0_no_barrier' (rank 0 writes atomically on a
@@ -127,30 +139,34 @@ def checkpoint_demo(rank: int, world_size: int, path: str, strategy: str) -> dic
     torch.save(tiny_mlp().state_dict(), buf)
     data = buf.getvalue()
     cut = lambda fraction: int(len(data) * fraction)
-    dist.barrier()                                                  # start together
+    dist.barrier()  # start together
     if strategy == "every_rank":
         if rank == 0:
             with open(path, "wb") as f:
-                f.write(data[:cut(0.7)]); f.flush()
-                dist.barrier()                                      # (1) rank 0 is 70 % through when...
-                dist.barrier()                                      # (2) ...rank 1 has truncated the file and written 30 %
-                f.write(data[cut(0.7):])
-            read = try_load(path)                                   # rank 0 checks its checkpoint
-            dist.barrier()                                          # (3)
+                f.write(data[: cut(0.7)])
+                f.flush()
+                dist.barrier()  # (1) rank 0 is 70 % through when...
+                dist.barrier()  # (2) ...rank 1 has truncated the file and written 30 %
+                f.write(data[cut(0.7) :])
+            read = try_load(path)  # rank 0 checks its checkpoint
+            dist.barrier()  # (3)
         else:
-            dist.barrier()                                          # (1)
+            dist.barrier()  # (1)
             with open(path, "wb") as f:
-                f.write(data[:cut(0.3)]); f.flush()
-                dist.barrier()                                      # (2)
-                dist.barrier()                                      # (3)
-                f.write(data[cut(0.3):])
+                f.write(data[: cut(0.3)])
+                f.flush()
+                dist.barrier()  # (2)
+                dist.barrier()  # (3)
+                f.write(data[cut(0.3) :])
             read = try_load(path)
         return dict(read=read)
     if rank == 0:
         slow_save(torch.load(io.BytesIO(data), weights_only=True), path + ".tmp")
-        os.replace(path + ".tmp", path)                             # atomic: the file is complete, or not there at all
-    if strategy == "rank0_barrier": dist.barrier()                  # nobody goes on before the checkpoint exists
-    else: time.sleep(0.3)                                           # "long enough", surely
+        os.replace(path + ".tmp", path)  # atomic: the file is complete, or not there at all
+    if strategy == "rank0_barrier":
+        dist.barrier()  # nobody goes on before the checkpoint exists
+    else:
+        time.sleep(0.3)  # "long enough", surely
     return dict(read=try_load(path))
 
 # %% ../../nbs/08_debugging_ddp.ipynb #05c7c6b9
@@ -168,8 +184,16 @@ def grads_in_sync(model) -> bool:
     dist.all_gather(everyone, mine)
     return all(torch.allclose(everyone[0], other, rtol=1e-6, atol=1e-9) for other in everyone[1:])
 
-def train_steps(rank: int, world_size: int, mode: str = "ddp", steps: int = 3, batch_size: int = 8,
-                straggler_s: float = 0.0, width: int = 32) -> dict:
+
+def train_steps(
+    rank: int,
+    world_size: int,
+    mode: str = "ddp",
+    steps: int = 3,
+    batch_size: int = 8,
+    straggler_s: float = 0.0,
+    width: int = 32,
+) -> dict:
     """Train `tiny_mlp` for `steps` on rank-specific data. `mode`: 'ddp' (correct), 'unwrapped' (DDP built but the raw
     model trained), 'no_sync' (every backward inside `no_sync()`); without a process group: 'local' (the plain model)
     or 'dataparallel' (wrapped in `nn.DataParallel`). `straggler_s`: rank 1 sleeps this long in every step.
@@ -179,26 +203,34 @@ def train_steps(rank: int, world_size: int, mode: str = "ddp", steps: int = 3, b
     net = model if mode == "local" else nn.DataParallel(model) if mode == "dataparallel" else DDP(model)
     trained = model if mode == "unwrapped" else net
     opt = torch.optim.SGD(trained.parameters(), lr=0.1)
-    x, y = demo_batch(batch_size * steps, seed=100 + rank)             # every rank its own data
+    x, y = demo_batch(batch_size * steps, seed=100 + rank)  # every rank its own data
     synced, times = [], []
     for step in range(steps):
         start = time.perf_counter()
         rows = slice(step * batch_size, (step + 1) * batch_size)
         opt.zero_grad()
-        if rank == 1 and straggler_s: time.sleep(straggler_s)
+        if rank == 1 and straggler_s:
+            time.sleep(straggler_s)
         if mode == "no_sync":
-            with net.no_sync(): F.cross_entropy(net(x[rows]), y[rows]).backward()
+            with net.no_sync():
+                F.cross_entropy(net(x[rows]), y[rows]).backward()
         else:
             F.cross_entropy(trained(x[rows]), y[rows]).backward()
         opt.step()
         times.append(time.perf_counter() - start)
-        if not single: synced.append(grads_in_sync(model))
-    return dict(grads_in_sync=synced, params_in_sync=None if single else replicas_in_sync(model),
-                step_s=sum(times[1:]) / max(1, len(times) - 1), fingerprint=parameter_fingerprint(model).tolist())
+        if not single:
+            synced.append(grads_in_sync(model))
+    return dict(
+        grads_in_sync=synced,
+        params_in_sync=None if single else replicas_in_sync(model),
+        step_s=sum(times[1:]) / max(1, len(times) - 1),
+        fingerprint=parameter_fingerprint(model).tolist(),
+    )
 
 # %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c02
 class SharedMemoryGradients:
     "State of a DDP communication hook that averages gradients through shared memory, for ranks on one machine."
+
     def __init__(self, model: nn.Module, group=None, directory: str = "/dev/shm"):
         self.group = group or dist.group.WORLD
         self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
@@ -206,10 +238,14 @@ class SharedMemoryGradients:
         self.capacity = sum(p.numel() for p in model.parameters() if p.requires_grad)
         # embeddings whose gradient is sparse; a weight shared with another module (tied embeddings) is dense
         users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
-        embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad
-                      and not m.sparse and users[id(m.weight)] == 1]
-        self.ids_seen = {id(m.weight): [] for m in embeddings}   # token ids since the last synchronisation
-        for m in embeddings: m.register_forward_pre_hook(partial(self._remember_ids, id(m.weight)))
+        embeddings = [
+            m
+            for m in model.modules()
+            if isinstance(m, nn.Embedding) and m.weight.requires_grad and not m.sparse and users[id(m.weight)] == 1
+        ]
+        self.ids_seen = {id(m.weight): [] for m in embeddings}  # token ids since the last synchronisation
+        for m in embeddings:
+            m.register_forward_pre_hook(partial(self._remember_ids, id(m.weight)))
         row_capacity = sum(m.weight.shape[0] + 1 for m in embeddings) or 1
         self._map = self._shared_file(2 * self.world_size * (4 * self.capacity + 8 * row_capacity), directory)
         floats = 2 * self.world_size * self.capacity
@@ -221,73 +257,94 @@ class SharedMemoryGradients:
         "Map one file that every rank of the group shares; it is deleted (and kept alive by the mappings) at once."
         path = [None]
         if self.rank == 0:
-            fd, path[0] = tempfile.mkstemp(dir=directory, prefix="distrinews-gradients-"); os.close(fd)
+            fd, path[0] = tempfile.mkstemp(dir=directory, prefix="distrinews-gradients-")
+            os.close(fd)
         dist.broadcast_object_list(path, src=dist.get_global_rank(self.group, 0), group=self.group)
         fd = os.open(path[0], os.O_RDWR)
         try:
-            dist.barrier(self.group)                       # everyone has it open...
-            if self.rank == 0: os.unlink(path[0])          # ...so it can go: the memory is freed when the last rank exits
-            try: os.posix_fallocate(fd, 0, nbytes)         # reserve the memory now, or fail now
+            dist.barrier(self.group)  # everyone has it open...
+            if self.rank == 0:
+                os.unlink(path[0])  # ...so it can go: the memory is freed when the last rank exits
+            try:
+                os.posix_fallocate(fd, 0, nbytes)  # reserve the memory now, or fail now
             except OSError as e:
-                raise RuntimeError(f"Cannot reserve {nbytes / 2**20:.0f} MB in {directory} for gradient averaging ({e}). "
-                                   "Free space there (or enlarge it: docker run --shm-size=2g), "
-                                   "or use DDP's own all-reduce (no hook).") from None
+                raise RuntimeError(
+                    f"Cannot reserve {nbytes / 2**20:.0f} MB in {directory} for gradient averaging ({e}). "
+                    "Free space there (or enlarge it: docker run --shm-size=2g), "
+                    "or use DDP's own all-reduce (no hook)."
+                ) from None
             return mmap.mmap(fd, nbytes)
-        finally: os.close(fd)
+        finally:
+            os.close(fd)
 
     def _remember_ids(self, key, module, args):
-        if torch.is_grad_enabled(): self.ids_seen[key].append(args[0].detach().flatten())
+        if torch.is_grad_enabled():
+            self.ids_seen[key].append(args[0].detach().flatten())
 
     def _split(self, bucket, flat):
         "The bucket as dense (start, end) ranges and sparse (start, gradient rows, used row ids) parts."
         dense, sparse, start = [], [], 0
         for p, g in zip(bucket.parameters(), bucket.gradients()):
-            if id(p) not in self.ids_seen: continue
+            if id(p) not in self.ids_seen:
+                continue
             at = (g.data_ptr() - flat.data_ptr()) // flat.element_size()
             if not (0 <= at and at + g.numel() <= flat.numel()):
-                raise RuntimeError("DDP gave the hook a gradient that is not a view of its bucket; use DDP's own all-reduce (no hook).")
+                raise RuntimeError(
+                    "DDP gave the hook a gradient that is not a view of its bucket; use DDP's own all-reduce (no hook)."
+                )
             seen = self.ids_seen[id(p)]
             # without recorded ids (no forward went through the hook), find the non-zero rows
             used = torch.cat(seen).unique() if seen else g.view(g.shape[0], -1).ne(0).any(1).nonzero().flatten()
             seen.clear()
-            if at > start: dense.append((start, at))
-            sparse.append((at, g.view(g.shape[0], -1), used)); start = at + g.numel()
-        if start < flat.numel(): dense.append((start, flat.numel()))
+            if at > start:
+                dense.append((start, at))
+            sparse.append((at, g.view(g.shape[0], -1), used))
+            start = at + g.numel()
+        if start < flat.numel():
+            dense.append((start, flat.numel()))
         return dense, sparse
 
     def average(self, bucket) -> torch.Tensor:
         "Average `bucket` over all ranks, in place."
         flat, n, me = bucket.buffer(), self.world_size, self.rank
         if flat.numel() > self.capacity or flat.dtype != torch.float32:
-            raise RuntimeError(f"gradient bucket of {flat.numel():,} {flat.dtype} values does not fit the shared slots "
-                               f"({self.capacity:,} float32): was the model changed after the hook was made?")
-        half = self.calls % 2; self.calls += 1     # alternate halves: a fast rank never overwrites what a slow one reads
+            raise RuntimeError(
+                f"gradient bucket of {flat.numel():,} {flat.dtype} values does not fit the shared slots "
+                f"({self.capacity:,} float32): was the model changed after the hook was made?"
+            )
+        half = self.calls % 2
+        self.calls += 1  # alternate halves: a fast rank never overwrites what a slow one reads
         values, row_ids = self.values[half], self.row_ids[half]
         dense, sparse = self._split(bucket, flat)
-        for a, b in dense: torch.div(flat[a:b], n, out=values[me, a:b])            # 1. my share, divided by n
+        for a, b in dense:
+            torch.div(flat[a:b], n, out=values[me, a:b])  # 1. my share, divided by n
         at = 0
         for a, rows, used in sparse:
             k, width = len(used), rows.shape[1]
-            row_ids[me, at] = k; row_ids[me, at + 1:at + 1 + k] = used
-            torch.div(rows.index_select(0, used), n, out=values[me, a:a + k * width].view(k, width))
+            row_ids[me, at] = k
+            row_ids[me, at + 1 : at + 1 + k] = used
+            torch.div(rows.index_select(0, used), n, out=values[me, a : a + k * width].view(k, width))
             at += 1 + rows.shape[0]
             self.numbers_sent += k * width
-        self.numbers_sent += sum(b - a for a, b in dense); self.numbers_total += flat.numel()
-        dist.barrier(self.group)                                                     # 2. every share is written
-        for a, b in dense:                                                           # 3. add them up in rank order
+        self.numbers_sent += sum(b - a for a, b in dense)
+        self.numbers_total += flat.numel()
+        dist.barrier(self.group)  # 2. every share is written
+        for a, b in dense:  # 3. add them up in rank order
             torch.add(values[0, a:b], values[1, a:b], out=flat[a:b])
-            for r in range(2, n): flat[a:b].add_(values[r, a:b])
+            for r in range(2, n):
+                flat[a:b].add_(values[r, a:b])
         at = 0
         for a, rows, used in sparse:
             width = rows.shape[1]
             rows.index_fill_(0, used, 0)
             for r in range(n):
                 k = int(row_ids[r, at])
-                rows.index_add_(0, row_ids[r, at + 1:at + 1 + k], values[r, a:a + k * width].view(k, width))
+                rows.index_add_(0, row_ids[r, at + 1 : at + 1 + k], values[r, a : a + k * width].view(k, width))
             at += 1 + rows.shape[0]
         return flat
 
-def shared_memory_hook(state, bucket):   # no annotations: DDP checks them, and this module's are strings
+
+def shared_memory_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings
     "DDP communication hook: `ddp.register_comm_hook(SharedMemoryGradients(model), shared_memory_hook)`."
     future = torch.futures.Future()
     future.set_result(state.average(bucket))
@@ -296,13 +353,15 @@ def shared_memory_hook(state, bucket):   # no annotations: DDP checks them, and 
 # %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c04
 def compare_grad_sync(rank: int, world_size: int, steps: int = 3, accumulation: int = 2) -> dict:
     "On every rank: DDP's all-reduce vs `SharedMemoryGradients` on the same small embedding model and batches."
+
     def model():
         torch.manual_seed(0)
         return nn.Sequential(nn.Embedding(1000, 16), nn.Flatten(), nn.Linear(16 * 6, 32), nn.ReLU(), nn.Linear(32, 4))
+
     reference, ours = DDP(model(), bucket_cap_mb=0.002), DDP(model(), bucket_cap_mb=0.002)
     state = SharedMemoryGradients(ours.module)
     ours.register_comm_hook(state, shared_memory_hook)
-    g = torch.Generator().manual_seed(rank)                    # different data on every rank
+    g = torch.Generator().manual_seed(rank)  # different data on every rank
     worst, identical = 0.0, []
     for _ in range(steps):
         calls_before = state.calls
@@ -314,7 +373,12 @@ def compare_grad_sync(rank: int, world_size: int, steps: int = 3, accumulation: 
         pairs = [(p.grad, q.grad) for p, q in zip(reference.parameters(), ours.parameters())]
         identical.append(all(torch.equal(a, b) for a, b in pairs))
         worst = max([worst] + [(a - b).abs().max().item() for a, b in pairs])
-        for m in (reference, ours): m.zero_grad(set_to_none=True)
-    return dict(identical=identical, max_difference=worst, buckets_last_step=state.calls - calls_before,
-                fingerprint=parameter_fingerprint(ours.module).tolist(),
-                sent=f"{state.numbers_sent:,} of {state.numbers_total:,} numbers")
+        for m in (reference, ours):
+            m.zero_grad(set_to_none=True)
+    return dict(
+        identical=identical,
+        max_difference=worst,
+        buckets_last_step=state.calls - calls_before,
+        fingerprint=parameter_fingerprint(ours.module).tolist(),
+        sent=f"{state.numbers_sent:,} of {state.numbers_total:,} numbers",
+    )
