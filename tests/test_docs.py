@@ -21,7 +21,6 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -57,7 +56,7 @@ def strip_code(md: str) -> str:
 
 
 def pandoc_slug(heading: str) -> str:
-    "The id Pandoc (hence Quarto) gives a heading: plain text, lower case, only letters/digits/_-., words joined by '-'."
+    "The id Pandoc (hence Quarto) gives a heading: plain text, lower case, only letters/digits/_-., joined by '-'."
     text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links and images: their text
     parts = re.split(r"(`+[^`]*`+)", text)  # code spans are taken verbatim...
     text = "".join(
@@ -267,47 +266,28 @@ def test_html_checker_reports_broken_links(tmp_path):
 
 
 # -------------------------------------------------------------------------------------------- the real course site
-_PROCESS = textwrap.dedent("""
-    # nbdev_docs' first stage, notebook by notebook (nbdev.serve.proc_nbs does the same in parallel, and stops at the
-    # first failure): refresh nbdev.yml and sidebar.yml, then process every file of nbs/ into _proc/.
-    import json, sys, traceback
-    from pathlib import Path
-    from nbdev.config import get_config
-    from nbdev.quarto import nbdev_sidebar, refresh_quarto_yml
-    from nbdev.serve import _proc_file
-    import nbdev.serve_drv
-    refresh_quarto_yml()
-    nbdev_sidebar.__wrapped__()
-    cfg = get_config()
-    cache, errors = cfg.config_path / "_proc", {}
-    for src in sorted(cfg.nbs_path.iterdir()):
-        job = _proc_file(src, cache=cache, path=cfg.nbs_path)
-        if job is None: continue
-        try: nbdev.serve_drv.main(job)
-        except BaseException as e:
-            errors[src.name] = "".join(traceback.format_exception_only(type(e), e)).strip()
-            if e.__cause__ is not None: errors[src.name] += " <- " + repr(e.__cause__)[:500]
-    print("ERRORS=" + json.dumps(errors))
-""")
+def _nbdev(*args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    "Run one of nbdev's command-line tools (the public interface) in `cwd`."
+    tool = Path(sys.executable).parent / args[0]
+    return subprocess.run([str(tool), *args[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory):
-    "A copy of the project with its notebooks processed (and rendered with Quarto, when installed)."
+    """A copy of the project processed by nbdev_docs' first stage (and rendered with Quarto, when installed): nbdev.yml
+    and sidebar.yml refreshed from settings.ini, every notebook processed into _proc/ by `nbdev_proc_nbs`."""
     work = tmp_path_factory.mktemp("docs")
     shutil.copy2(ROOT / "settings.ini", work)
     ignore = shutil.ignore_patterns(".ipynb_checkpoints", "_proc", "_docs", "runs", "__pycache__", "*.tmp")
     shutil.copytree(NBS, work / "nbs", ignore=ignore)
     shutil.copytree(ROOT / "distrinews", work / "distrinews", ignore=ignore)
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    run = subprocess.run(
-        [sys.executable, "-c", _PROCESS], cwd=work, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    errors = json.loads(run.stdout.rsplit("ERRORS=", 1)[1])
-    for name in errors:  # so that links *to* a notebook that failed to process can still be checked
-        if name.endswith(".ipynb"):
-            shutil.copy2(work / "nbs" / name, work / "_proc" / name)
+    refresh = [sys.executable, "-c", "from nbdev.quarto import refresh_quarto_yml; refresh_quarto_yml()"]
+    steps = [subprocess.run(refresh, cwd=work, env=env, capture_output=True, text=True, timeout=120)]
+    steps.append(_nbdev("nbdev_sidebar", cwd=work, env=env))
+    steps.append(_nbdev("nbdev_proc_nbs", "--n_workers", "1", cwd=work, env=env))
+    for step in steps:
+        assert step.returncode == 0, f"{step.args}:\n{step.stdout[-2000:]}{step.stderr[-3000:]}"
     rendered, render_log = None, ""
     quarto = find_quarto()
     if quarto:
@@ -317,7 +297,7 @@ def site(tmp_path_factory):
         render_log = r.stdout[-3000:] + r.stderr[-3000:]
         if r.returncode == 0:
             rendered = work / "_proc" / "_docs"
-    return dict(work=work, proc=work / "_proc", errors=errors, quarto=quarto, rendered=rendered, render_log=render_log)
+    return dict(work=work, proc=work / "_proc", quarto=quarto, rendered=rendered, render_log=render_log)
 
 
 def test_quarto_configuration():
@@ -339,7 +319,6 @@ def test_nbdev_yml_matches_settings(site):
 
 # Problems in notebooks whose fixes belong to their authors; each entry says what to change. A case listed here is an
 # expected failure (and an unexpected pass once fixed: then delete its entry).
-KNOWN_PROCESSING_FAILURES = {}
 KNOWN_BROKEN_LINKS = {}
 
 
@@ -350,12 +329,21 @@ def _known(cases: dict) -> list:
     ]
 
 
-@pytest.mark.parametrize("notebook", _known(KNOWN_PROCESSING_FAILURES))
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_notebook_processes_for_docs(site, notebook):
-    "nbdev executes every cell that imports something; such a cell must not use names defined by other cells."
-    if notebook in site["errors"]:
-        pytest.fail(site["errors"][notebook])
-    assert (site["proc"] / notebook).is_file()
+    """nbdev executes every cell that imports something (the fixture fails when one of them needs a name another cell
+    defines); each notebook becomes a page of the site without its hidden cells."""
+    directive = re.compile(r"^#\s*\|.*$", re.M)
+
+    def body(cell):
+        return directive.sub("", "".join(cell["source"])).strip()
+
+    source = json.loads((NBS / notebook).read_text())["cells"]
+    page = {body(c) for c in json.loads((site["proc"] / notebook).read_text())["cells"]}
+    hidden = [body(c) for c in source if re.search(r"^#\s*\|\s*hide\s*$", "".join(c["source"]), re.M)]
+    assert page, f"{notebook}: the processed page is empty"
+    shown = [h[:60] for h in hidden if h and h in page]
+    assert not shown, f"{notebook}: hidden cells are on the page: {shown}"
 
 
 @pytest.mark.parametrize("notebook", _known(KNOWN_BROKEN_LINKS))
