@@ -1,6 +1,7 @@
 """Render benchmarks/README.md and its PNG charts from the JSON results in benchmarks/results/.
 
-Pure function of the JSON files: the same results give byte-identical Markdown and PNGs (a test re-renders and compares).
+Pure function of the JSON files: the same results give byte-identical Markdown and PNGs (a test re-renders and
+compares). The report states what was measured; the project's goals for these figures live in tests/test_benchmarks.py.
 
     .venv/bin/python benchmarks/report.py                     # results/ -> README.md + *.png next to this file
     .venv/bin/python benchmarks/report.py --results R --out O
@@ -11,17 +12,21 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# accuracy: the `cpu` profile on all 7,600 test rows (90.5 % at first; 91.0 % since issue #13 asked for a tuned profile)
-TARGETS = dict(trainer_speedup=5.0, ddp_efficiency=0.92, serving_speedup=4.0, accuracy=0.91)
+# The figures the original DistriNews write-up published for DistilBERT on Kaggle's 2xT4 (never measured by us): the
+# report shows them once, as such, beside our own GPU rows; the notebooks cite them from here (tests/test_figures.py).
+ORIGINAL_2XT4 = dict(
+    minutes_per_epoch_1gpu=8.0,
+    minutes_per_epoch_2gpu=4.5,
+    samples_per_s_1gpu=250,
+    samples_per_s_2gpu=444,
+    speedup=1.78,
+    efficiency=0.89,
+)
 
 
 def load(results: Path) -> dict:
     "Every result file, by name (without .json)."
     return {p.stem: json.loads(p.read_text()) for p in sorted(Path(results).glob("*.json"))}
-
-
-def _verdict(ok: bool) -> str:
-    return "meets the target" if ok else "**short of the target**"
 
 
 def _savefig(fig, path: Path):
@@ -84,7 +89,7 @@ def chart_trainer(r: dict, path: Path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 2.6))
-    names = ["reference loop\n(pad to 128, fp32)", f"our trainer\n({r['ours_precision']}, length-grouped)"]
+    names = ["plain loop\n(pad to 128, fp32)", f"our trainer\n({r['ours_precision']}, length-grouped)"]
     vals = [r["reference_samples_per_s"], r["ours_samples_per_s"]]
     ax.barh(names, vals, color=["#bbbbbb", "#3b7dd8"])
     for i, v in enumerate(vals):
@@ -121,16 +126,102 @@ def chart_accuracy(rows: list, path: Path):
     names = [f"{r['profile']}\n{r['mode']}" for r in rows]  # two lines: long names leave no room for the bars
     vals = [100 * r["accuracy"] for r in rows]
     ax.barh(names, vals, color="#3b7dd8")
-    ax.axvline(100 * TARGETS["accuracy"], color="grey", ls="--", label=f"target {100 * TARGETS['accuracy']:.1f} %")
     for i, v in enumerate(vals):
         ax.text(v, i, f" {v:.2f} %", va="center")
     ax.set(
         xlabel="accuracy on the AG News test rows (%)", xlim=(min(vals + [85]) - 1, 100), title="Accuracy per profile"
     )
-    ax.legend(loc="lower left")
     fig.tight_layout()
     _savefig(fig, path)
     plt.close(fig)
+
+
+def _machine(m: dict) -> str:
+    return f"{m['cpu']}, {m['cores']} cores" + (f", GPU {m['gpu']}" if m.get("gpu") else "")
+
+
+def ddp_section(key: str, r: dict, first: dict | None = None) -> list:
+    """One DDP scaling table: the runs, the headline (stock DDP) and what the control says. `first`: the first DDP
+    table of the report, when this is a later one (a different precision is then said)."""
+    accum, repeats = r.get("grad_accum", 1), r.get("repeats", 1)
+    precision = r.get("precision")
+    timed = (
+        f"timed: one pass over the same {r['rows']:,} rows for every job, after {r['warmup_passes']} untimed pass(es)"
+        if "rows" in r
+        else f"{r['timed_steps']} timed steps"
+    )
+    md = [
+        "## DDP scaling"
+        + (f" with gradient accumulation ({accum} micro-batches per all-reduce)" if accum > 1 else "")
+        + (f", {precision}" if precision else ""),
+        "",
+        f"`{r['model']}`, {precision or 'precision not recorded'}, {r['batch_size_per_rank']} samples per rank per "
+        "micro-batch"
+        + (f", {accum} micro-batches per optimizer step (`no_sync` on all but the last)" if accum > 1 else "")
+        + f", {r['threads_per_rank']} thread(s) per rank, backend {r['backend']}, {timed}"
+        + (
+            f"; each figure is the median of {repeats} interleaved runs (all of them are in the JSON)"
+            if repeats > 1
+            else ""
+        )
+        + f". Machine: {_machine(r['machine'])}"
+        + (f"; measured {r['date'][:10]}" if r.get("date") else "")
+        + ".",
+    ]
+    if first is not None and precision != first.get("precision"):
+        md += [
+            "",
+            f"Not comparable with the first DDP table's samples/s: that one was measured in "
+            f"{first.get('precision') or 'an unrecorded precision'}, this one in {precision or 'an unrecorded one'}, "
+            "in another run. Compare the speed-ups within each table; the 1-rank rows differ by precision and run, "
+            "not only by accumulation.",
+        ]
+    md += [
+        "",
+        "| ranks | gradients averaged by | samples/s | speed-up | efficiency "
+        "| control: N workers, no communication | DDP / control |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for x in r["runs"]:
+        control = (
+            f"{x['control_samples_per_s']:.1f} ({x['control_speedup']:.2f}x) | {x['vs_control']:.0%} |"
+            if "vs_control" in x
+            else "– | – |"
+        )
+        md.append(
+            f"| {x['world_size']} | {SYNC_NAMES.get(x.get('grad_sync', 'allreduce'), '')} | {x['samples_per_s']:.1f} "
+            f"| {x['speedup']:.2f}x | {x['efficiency']:.0%} | {control}"
+        )
+    for n in sorted({x["world_size"] for x in r["runs"]} - {1}):
+        # the headline is stock DDP (what every learner runs); other ways of averaging are side rows
+        rows = [x for x in r["runs"] if x["world_size"] == n]
+        best = next((x for x in rows if x.get("grad_sync", "allreduce") == "allreduce"), rows[0])
+        others = [x for x in rows if x is not best]
+        md += [
+            "",
+            f"{n} ranks, {SYNC_NAMES.get(best.get('grad_sync', 'allreduce'))}: speed-up {best['speedup']:.2f}x, "
+            f"efficiency {best['efficiency']:.1%}."
+            + "".join(
+                f" Side row, {SYNC_NAMES.get(x.get('grad_sync'), x.get('grad_sync'))}: "
+                f"{x['speedup']:.2f}x ({x['efficiency']:.0%})."
+                for x in others
+            ),
+        ]
+        if "vs_control" in best and best["vs_control"] < 1:
+            md += [
+                f"The control shows what this machine allows {n} workers at all: {best['control_speedup']:.2f}x with "
+                f"no communication. DDP keeps {best['vs_control']:.0%} of that: the rest is the cost of averaging "
+                "gradients and of waiting for the slower rank at every step."
+            ]
+        elif "vs_control" in best:
+            spread = best.get("control_repeats") or [best["control_samples_per_s"]]
+            md += [
+                f"The control (what this machine allows {n} workers at all, with no communication) got "
+                f"{best['control_speedup']:.2f}x (its runs: {min(spread):.1f}–{max(spread):.1f} samples/s): DDP did "
+                "as well. At this much computation per exchange, averaging gradients costs less than the machine's "
+                "run-to-run noise."
+            ]
+    return md + ["", f"![DDP scaling]({key}.png)", ""]
 
 
 def render(results: Path = HERE / "results", out: Path = HERE) -> str:
@@ -147,102 +238,41 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
         "# DistriNews benchmarks",
         "",
         "Generated by `benchmarks/report.py` from the JSON files in `benchmarks/results/` — do not edit by hand.",
-        "Regenerate everything (runs `nbs/07_benchmarks.ipynb` with papermill over the parameter matrix, ~30 min on 2 cores):",
+        "Regenerate everything (runs `nbs/07_benchmarks.ipynb` with papermill over the parameter matrix, ~30 min on 2 "
+        "cores):",
         "",
         "```bash",
         "HF_HUB_OFFLINE=1 DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/run.py",
         "```",
         "",
         "Ratios are the headline: each is measured side by side in one run on one machine. Absolute numbers are only",
-        "meaningful together with the machine they came from (listed with each table). Executed notebooks: `benchmarks/runs/`.",
+        "meaningful together with the machine they came from (listed with each table). Executed notebooks: "
+        "`benchmarks/runs/`.",
         "",
     ]
     if "trainer_vs_reference" in R:
         r = R["trainer_vs_reference"]
         md += [
-            "## Our trainer vs the reference design's training loop",
+            "## Our trainer vs a plain training loop",
             "",
-            f"Same model (`{r['model']}`), same {r['samples']} rows, batch {r['batch_size']}, {r['timed_steps']} timed steps each, "
-            f"{r['threads']} thread(s). Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, torch {r['machine']['torch']}.",
+            f"Same model (`{r['model']}`), same {r['samples']} rows, batch {r['batch_size']}, {r['timed_steps']} timed "
+            f"steps each, {r['threads']} thread(s). Machine: {_machine(r['machine'])}, torch {r['machine']['torch']}.",
             "",
             "| loop | samples/s |",
             "|---|---:|",
-            f"| reference (pad every batch to 128 tokens, fp32, random batches) | {r['reference_samples_per_s']:.1f} |",
-            f"| ours ({r['ours_precision']}, length-grouped batches, dynamic padding) | {r['ours_samples_per_s']:.1f} |",
-            f"| **speed-up** | **{r['speedup']:.2f}x** ({_verdict(r['speedup'] >= TARGETS['trainer_speedup'])} of {TARGETS['trainer_speedup']:.0f}x) |",
+            f"| plain (pad every batch to 128 tokens, fp32, random batches) | {r['reference_samples_per_s']:.1f} |",
+            f"| ours ({r['ours_precision']}, length-grouped batches, dynamic padding) "
+            f"| {r['ours_samples_per_s']:.1f} |",
+            f"| **speed-up** | **{r['speedup']:.2f}x** |",
             "",
-            "![trainer vs reference](trainer_vs_reference.png)",
+            "![trainer vs a plain loop](trainer_vs_reference.png)",
             "",
         ]
         chart_trainer(r, out / "trainer_vs_reference.png")
-    for key in sorted(k for k in R if k.startswith("ddp_scaling")):
-        r = R[key]
-        accum = r.get("grad_accum", 1)
-        repeats = r.get("repeats", 1)
-        md += [
-            "## DDP scaling"
-            + (f" with gradient accumulation ({accum} micro-batches per all-reduce)" if accum > 1 else ""),
-            "",
-            f"`{r['model']}`, {r['batch_size_per_rank']} samples per rank per micro-batch"
-            + (f", {accum} micro-batches per optimizer step (`no_sync` on all but the last)" if accum > 1 else "")
-            + f", {r['threads_per_rank']} thread(s) per rank, "
-            f"backend {r['backend']}, "
-            + (
-                f"timed: one pass over the same {r['rows']:,} rows for every job, after {r['warmup_passes']} untimed pass(es)"
-                if "rows" in r
-                else f"{r['timed_steps']} timed steps"
-            )
-            + (
-                f"; each figure is the median of {repeats} interleaved runs (all of them are in the JSON)"
-                if repeats > 1
-                else ""
-            )
-            + f". Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores"
-            + (f", GPU {r['machine']['gpu']}" if r["machine"].get("gpu") else "")
-            + ".",
-            "",
-            "| ranks | gradients averaged by | samples/s | speed-up | efficiency | control: N workers, no communication | DDP / control |",
-            "|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        md += [
-            f"| {x['world_size']} | {SYNC_NAMES.get(x.get('grad_sync', 'allreduce'), '')} | {x['samples_per_s']:.1f} | {x['speedup']:.2f}x | {x['efficiency']:.0%} | "
-            + (
-                f"{x['control_samples_per_s']:.1f} ({x['control_speedup']:.2f}x) | {x['vs_control']:.0%} |"
-                if "vs_control" in x
-                else "– | – |"
-            )
-            for x in r["runs"]
-        ]
-        for n in sorted({x["world_size"] for x in r["runs"]} - {1}):
-            # the headline is stock DDP (what every learner runs); other ways of averaging are side rows
-            rows = [x for x in r["runs"] if x["world_size"] == n]
-            best = next((x for x in rows if x.get("grad_sync", "allreduce") == "allreduce"), rows[0])
-            others = [x for x in rows if x is not best]
-            md += [
-                "",
-                f"{n} ranks, {SYNC_NAMES.get(best.get('grad_sync', 'allreduce'))}: efficiency "
-                f"{best['efficiency']:.1%} — {_verdict(best['efficiency'] >= TARGETS['ddp_efficiency'])} "
-                f"of {TARGETS['ddp_efficiency']:.0%} (the reference design reports 1.78x = 89 % on 2xT4)."
-                + "".join(
-                    f" Side row, {SYNC_NAMES.get(x.get('grad_sync'), x.get('grad_sync'))}: {x['speedup']:.2f}x ({x['efficiency']:.0%})."
-                    for x in others
-                ),
-            ]
-            if "vs_control" in best and best["vs_control"] < 1:
-                md += [
-                    f"The control shows what this machine allows {n} workers at all: {best['control_speedup']:.2f}x with no "
-                    f"communication. DDP keeps {best['vs_control']:.0%} of that: the rest is the cost of averaging gradients and "
-                    "of waiting for the slower rank at every step."
-                ]
-            elif "vs_control" in best:
-                spread = best.get("control_repeats") or [best["control_samples_per_s"]]
-                md += [
-                    f"The control (what this machine allows {n} workers at all, with no communication) got "
-                    f"{best['control_speedup']:.2f}x (its runs: {min(spread):.1f}–{max(spread):.1f} samples/s): DDP did as well. "
-                    "At this much computation per exchange, averaging gradients costs less than the machine's run-to-run noise."
-                ]
-        md += ["", f"![DDP scaling]({key}.png)", ""]
-        chart_ddp(r, out / f"{key}.png")
+    ddp_keys = sorted(k for k in R if k.startswith("ddp_scaling"))
+    for key in ddp_keys:
+        md += ddp_section(key, R[key], R[ddp_keys[0]] if key != ddp_keys[0] else None)
+        chart_ddp(R[key], out / f"{key}.png")
     serving = sorted((r["settings"]["concurrency"], r) for k, r in R.items() if k.startswith("serving"))
     if serving:
         md += [
@@ -257,14 +287,14 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
             for mode in ("on", "off"):
                 x = r["runs"][mode]
                 md.append(
-                    f"| {c} | {mode} | {x['throughput_rps']:.1f} | {x['p50_ms']:.1f} | {x['p99_ms']:.1f} | {x['mean_batch']:.1f} |"
+                    f"| {c} | {mode} | {x['throughput_rps']:.1f} | {x['p50_ms']:.1f} | {x['p99_ms']:.1f} "
+                    f"| {x['mean_batch']:.1f} |"
                 )
         c, r = serving[-1]
-        ok = r["speedup"] >= TARGETS["serving_speedup"] and r["p99_on_over_off"] <= 1
         md += [
             "",
-            f"At {c} clients: throughput {r['speedup']:.2f}x, p99 with/without batching {r['p99_on_over_off']:.2f} — "
-            f"{_verdict(ok)} (>= {TARGETS['serving_speedup']:.0f}x, p99 no worse).",
+            f"At {c} clients, micro-batching on vs off: throughput {r['speedup']:.2f}x, p99 latency "
+            f"{r['p99_on_over_off']:.2f}x.",
             "",
             "![serving](serving.png)",
             "",
@@ -279,30 +309,37 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
             "|---|---|---|---:|---:|---:|---:|---:|",
         ]
         md += [
-            f"| {a['profile']} | {a['mode']} | `{a['model']}` | {a['train_rows']} | {a['epochs']} | {a['eval_count']} | "
-            f"{a['accuracy']:.2%} | {a['wall_s'] / 60:.1f} min |"
+            f"| {a['profile']} | {a['mode']} | `{a['model']}` | {a['train_rows']} | {a['epochs']} "
+            f"| {a['eval_count']} | {a['accuracy']:.2%} | {a['wall_s'] / 60:.1f} min |"
             for a in accuracy
         ]
-        for a in accuracy:
-            if a["profile"] == "cpu":
-                md += [
-                    "",
-                    f"`cpu` profile: {a['accuracy']:.2%} — {_verdict(a['accuracy'] >= TARGETS['accuracy'])} of "
-                    f"{TARGETS['accuracy']:.1%}; per class: "
-                    + ", ".join(f"{k} {v:.1%}" for k, v in a["per_class_accuracy"].items())
-                    + f". Machine: {a['machine']}.",
-                ]
+        md += [
+            f"\n`{a['profile']}` profile, per class: "
+            + ", ".join(f"{k} {v:.1%}" for k, v in a["per_class_accuracy"].items())
+            + f". Machine: {a['machine']}."
+            for a in accuracy
+            if a.get("per_class_accuracy")
+        ]
         md += ["", "![accuracy](accuracy.png)", ""]
         chart_accuracy(accuracy, out / "accuracy.png")
     gpu = [R[k] for k in sorted(R) if k.startswith("gpu")]
     md += ["## GPU", ""]
     md += [
-        f"- {g['machine']['gpu']}, `{g['model']}`, {g.get('precision', '?')}, {g['batch_size_per_rank']} per GPU, backend {g['backend']}: "
+        f"- {g['machine']['gpu']}, `{g['model']}`, {g.get('precision', '?')}, {g['batch_size_per_rank']} per GPU, "
+        f"backend {g['backend']}: "
         + ", ".join(f"{x['world_size']} GPU(s) {x['samples_per_s']:.0f} samples/s" for x in g["runs"])
         for g in gpu
     ] or [
         "No GPU run recorded yet: run `benchmarks/run.py` on a GPU machine (e.g. Kaggle 2xT4) to add the "
         "`kaggle`-shaped measurement (DistilBERT shape, the GPU name recorded)."
+    ]
+    o = ORIGINAL_2XT4
+    md += [
+        "",
+        "For comparison, the figures the original DistriNews write-up published for DistilBERT on Kaggle's 2×T4 "
+        f"(not measured by us): {o['minutes_per_epoch_1gpu']:g} min per epoch on one T4 "
+        f"({o['samples_per_s_1gpu']} samples/s), {o['minutes_per_epoch_2gpu']:g} min on two "
+        f"({o['samples_per_s_2gpu']} samples/s): {o['speedup']:.2f}x, {o['efficiency']:.0%} efficiency.",
     ]
     text = "\n".join(md).rstrip() + "\n"
     (out / "README.md").write_text(text)

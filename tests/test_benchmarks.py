@@ -1,7 +1,7 @@
-"""Benchmarks: the committed report is exactly what the committed JSON renders to, and the papermill driver runs end to end."""
+"""Benchmarks: the committed report is exactly what the committed JSON renders to, it states figures (not our goals),
+and the papermill driver runs end to end."""
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,26 +26,29 @@ def test_committed_report_is_rendered_from_committed_json(tmp_path):
         assert (tmp_path / name).read_bytes() == (BENCH / name).read_bytes(), f"benchmarks/{name} is stale"
 
 
-def test_render_is_deterministic_and_reports_shortfalls(tmp_path):
+def _ddp(precision: str, accum: int = 1) -> dict:
+    return dict(
+        model="m",
+        batch_size_per_rank=8,
+        grad_accum=accum,
+        threads_per_rank=1,
+        timed_steps=2,
+        backend="gloo",
+        precision=precision,
+        machine=dict(cpu="x86_64", cores=2, torch="t", gpu=None),
+        runs=[
+            dict(world_size=1, grad_sync="none", samples_per_s=10.0, speedup=1.0, efficiency=1.0),
+            dict(world_size=2, grad_sync="allreduce", samples_per_s=15.0, speedup=1.5, efficiency=0.75),
+            dict(world_size=2, grad_sync="shm", samples_per_s=17.0, speedup=1.7, efficiency=0.85),
+        ],
+    )
+
+
+def test_render_is_deterministic_and_says_what_was_measured(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    (results / "ddp_scaling.json").write_text(
-        json.dumps(
-            dict(
-                model="m",
-                batch_size_per_rank=8,
-                threads_per_rank=1,
-                timed_steps=2,
-                backend="gloo",
-                machine=dict(cpu="x86_64", cores=2, torch="t", gpu=None),
-                runs=[
-                    dict(world_size=1, grad_sync="none", samples_per_s=10.0, speedup=1.0, efficiency=1.0),
-                    dict(world_size=2, grad_sync="allreduce", samples_per_s=15.0, speedup=1.5, efficiency=0.75),
-                    dict(world_size=2, grad_sync="shm", samples_per_s=17.0, speedup=1.7, efficiency=0.85),
-                ],
-            )
-        )
-    )
+    (results / "ddp_scaling.json").write_text(json.dumps(_ddp("fp32")))
+    (results / "ddp_scaling_accum4.json").write_text(json.dumps(_ddp("bf16", accum=4)))
     a, b = report.render(results, tmp_path / "a"), report.render(results, tmp_path / "b")
     assert (
         a == b
@@ -53,10 +56,42 @@ def test_render_is_deterministic_and_reports_shortfalls(tmp_path):
     )
     assert "| 2 | all-reduce (stock DDP) | 15.0 | 1.50x | 75% | – | – |" in a
     assert "| 2 | shared memory (notebook 08's lesson hook) | 17.0 | 1.70x | 85% | – | – |" in a
-    # the verdict is about stock DDP, even where a side row is faster
-    assert "2 ranks, all-reduce (stock DDP): efficiency 75.0%" in a
+    # the headline is stock DDP, even where a side row is faster
+    assert "2 ranks, all-reduce (stock DDP): speed-up 1.50x, efficiency 75.0%." in a
     assert "Side row, shared memory (notebook 08's lesson hook): 1.70x (85%)" in a
-    assert "**short of the target**" in a  # 85 % < 92 %: said, not hidden
+    # each table names its precision, and the second says it is not comparable with the first
+    assert "## DDP scaling, fp32" in a and "## DDP scaling with gradient accumulation (4 micro-batches" in a
+    assert a.count("Not comparable with the first DDP table's samples/s") == 1
+    assert "measured in fp32, this one in bf16" in a
+    # the original write-up's 2xT4 figures appear once, named as such
+    assert a.count("original DistriNews write-up") == 1 and "(not measured by us)" in a
+    assert "1.78x, 89% efficiency" in a
+
+
+# The project's goals for the benchmark figures (issues #1 and #13). They steer the work; the report a learner reads
+# states what was measured, not how far it is from a goal of ours.
+GOALS = dict(trainer_speedup=5.0, ddp_efficiency=0.92, serving_speedup=4.0, accuracy=0.91)
+
+
+@pytest.mark.skipif(not any((BENCH / "results").glob("*.json")), reason="no benchmark results committed yet")
+def test_report_states_each_goals_figure_and_no_goal(tmp_path):
+    R = report.load(BENCH / "results")
+    text = report.render(BENCH / "results", tmp_path)
+    # the figure behind each goal is in the report, as measured...
+    serving = max((r for k, r in R.items() if k.startswith("serving")), key=lambda r: r["settings"]["concurrency"])
+    stock = next(x for x in R["ddp_scaling"]["runs"] if x["world_size"] == 2 and x["grad_sync"] == "allreduce")
+    figures = dict(
+        trainer_speedup=f"**{R['trainer_vs_reference']['speedup']:.2f}x**",
+        ddp_efficiency=f"efficiency {stock['efficiency']:.1%}",
+        serving_speedup=f"throughput {serving['speedup']:.2f}x",
+        accuracy=f"{R['accuracy_cpu']['accuracy']:.2%}",
+    )
+    assert figures.keys() == GOALS.keys()
+    for goal, figure in figures.items():
+        assert figure in text, (goal, figure)
+    # ...and none of our goals is (no "target", no verdict)
+    for word in ("target", "short of", "meets the"):
+        assert word not in text.lower(), word
 
 
 def test_smoke_driver_runs_the_notebook_with_papermill(tmp_path):
