@@ -2,8 +2,10 @@
 #   make main   train with DDP on the `cpu` profile (2 CPU workers, or every GPU), evaluate on the real test set,
 #               save a resumable checkpoint in runs/cpu/checkpoint, then serve it on http://127.0.0.1:7860
 #   make course execute the notebooks on the `cpu` profile and write their outputs back into nbs/ (about 54 min on 2 cores)
-#   make test   every test: exported package in sync, nbdev_test (profile=smoke), the Kaggle rehearsal (papermill,
-#               profile=kaggle), pytest
+#   make test   every test (what CI runs, ~8 min on 2 cores): generated files in sync, ruff, nbdev_test (profile=smoke),
+#               the Kaggle rehearsal (each notebook alone, papermill), pytest
+#   make check  the quick loop while editing (~2 min): export in sync, ruff, the fast tests (pytest -m "not slow")
+#   make format ruff's formatter and import sorting over the notebooks, benchmarks, tools and tests
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,7 +19,7 @@ endif
 OFFLINE ?= $(if $(DISTRINEWS_DATA_DIR),1,)
 OFFLINE_ENV := $(if $(filter 1,$(OFFLINE)),HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1,)
 
-.PHONY: main test venv readme docs course
+.PHONY: main test check format install-hooks venv readme docs course
 venv: $(VENV)/.installed
 $(VENV)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +37,21 @@ main: venv
 test: venv
 	bash tests/run_tests.sh
 
+check: venv
+	bash tools/check_generated.sh
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 DISTRINEWS_PROFILE=smoke $(BIN)/python -m pytest -q -n 2 -m "not slow" tests
+
+format: venv
+	$(BIN)/ruff check --select I --fix .
+	$(BIN)/ruff format .
+
+# nbdev's git hooks: notebooks are cleaned of execution metadata on save in Jupyter (settings.ini: jupyter_hooks) and
+# notebook merge conflicts are resolved cell by cell (nbdev_merge)
+install-hooks: venv
+	$(BIN)/nbdev_install_hooks
+
 # Execute every numbered notebook on the profile it is about and write the outputs back (what readers see on GitHub).
 # NOTEBOOKS="03 04" runs some of them. See tools/course.py.
 course: venv
@@ -43,11 +60,12 @@ course: venv
 # README.md is rendered from nbs/index.ipynb (nbdev_readme needs Quarto, which this machine cannot install).
 # The index links notebooks as the docs site sees them (`01_model.ipynb`); on GitHub they live in nbs/.
 # The benchmark report (benchmarks/README.md, generated from JSON) is appended, so the README shows the latest figures.
+README_OUT ?= README.md
 readme: venv
 	{ $(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --stdout --log-level WARN \
 	    | sed -E 's#\]\(([0-9][0-9]_[a-z_]+\.ipynb)#](nbs/\1#g'; \
 	  [ ! -f benchmarks/README.md ] || tail -n +2 benchmarks/README.md \
-	    | sed -E 's/^## /### /; s#\]\(([a-zA-Z0-9_]+\.png)\)#](benchmarks/\1)#g'; } > README.md
+	    | sed -E 's/^## /### /; s#\]\(([a-zA-Z0-9_]+\.png)\)#](benchmarks/\1)#g'; } > $(README_OUT)
 
 # The course as a website (nbdev_docs renders with Quarto: install it from quarto.org first; `pip install quarto-cli`
 # works only where GitHub downloads are allowed)
