@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .data import data_source
 from .model import add_config_args, config_from_args
-from .train import Trainer, pick_device, pick_precision, run_training
+from .train import Trainer, pick_device, pick_precision, rng_state, run_training
 
 # %% auto #0
 __all__ = ['DistInfo', 'default_backend', 'setup_distributed', 'cleanup_distributed', 'is_main_process', 'free_port',
@@ -191,6 +191,18 @@ class DDPTrainer(Trainer):
     @property
     def world_size(self) -> int:
         return self.dist_info.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.dist_info.rank
+
+    def _gather_rng_states(self) -> list[dict]:
+        mine = rng_state()
+        if not self.dist_info.distributed:
+            return [mine]
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, mine)  # pickled over the process group: rank r's states land in slot r
+        return everyone
 
 # %% ../nbs/04_ddp.ipynb #bc8fb16e
 def parameter_fingerprint(model) -> torch.Tensor:

@@ -347,6 +347,13 @@ class Trainer:
         return 1
 
     @property
+    def rank(self) -> int:
+        return 0
+
+    def _gather_rng_states(self) -> list[dict]:
+        return [rng_state()]  # DDP: every rank's, in rank order (each rank draws its own dropout masks)
+
+    @property
     def unwrapped(self):
         return getattr(self.model, "module", self.model)
 
@@ -468,7 +475,7 @@ class Trainer:
         )
 
     # --- checkpoints -----------------------------------------------------------------------------------------------
-    def _state(self) -> dict:
+    def _state(self, rng_states: list[dict]) -> dict:
         return dict(
             optimizer=self.optimizer.state_dict(),
             scheduler=self.scheduler.state_dict(),
@@ -478,7 +485,7 @@ class Trainer:
             step=self.step,
             history=self.history,
             train_log=self.train_log,
-            rng=rng_state(),
+            rng=rng_states,  # one entry per rank
             world_size=self.world_size,
             # with a weight average the folder holds the average (what a server loads), this the weights to train on
             **(
@@ -491,8 +498,11 @@ class Trainer:
     def save(self, path: str | os.PathLike | None = None) -> Path:
         "Write a resumable checkpoint (default: `checkpoint_dir`; rank 0 writes, every rank waits until it is complete)."
         path = Path(path or self.checkpoint_dir)
+        # every rank's RNG states, gathered before rank 0 writes: each rank has drawn dropout masks of its own batches'
+        # shapes, so its stream is its own, and restoring rank 0's on every rank would replay a different run
+        rng_states = self._gather_rng_states()
         if self.is_main:
-            save_checkpoint(path, self.shipped, self.tokenizer, self.cfg, self._state())
+            save_checkpoint(path, self.shipped, self.tokenizer, self.cfg, self._state(rng_states))
         self._barrier()
         return path
 
@@ -507,11 +517,23 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.batches_done, self.step = state["epoch"], state["batches_done"], state["step"]
+        rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # a list since per-rank states
+        saved_world = state.get("world_size", len(rngs))
+        if saved_world != self.world_size:
+            # the same rows, cut into other shards, and random streams that no longer map rank to rank: the run goes on
+            # from the same place in the data (rows done so far are not repeated), but it is not the run an
+            # uninterrupted job of either size would have made
+            self.batches_done = min(self.batches_done * saved_world // self.world_size, self.batches_per_epoch)
+            self.log(
+                f"note: the checkpoint was written by {saved_world} process(es) and this job has {self.world_size}: "
+                "resuming continues correctly, but not bit for bit (each rank's data shard and dropout stream differ "
+                "from the interrupted run's)."
+            )
         self.history, self.train_log = state["history"], [tuple(x) for x in state["train_log"]]
         if self.ema is not None:  # the model was built from the folder, i.e. the average; the live weights are here
             self.unwrapped.load_state_dict(state["live_weights"])
             self.ema.n_averaged.fill_(state["averaged_steps"])
-        set_rng_state(state["rng"])
+        set_rng_state(rngs[self.rank] if len(rngs) == self.world_size else rngs[0])
         self.log(
             f"resumed from {path or self.checkpoint_dir}: epoch {self.epoch + 1}, step {self.step}/{self.total_steps}"
         )
