@@ -141,6 +141,7 @@ def test_requirements_pin_the_versions_the_course_is_tested_with():
     assert "torch==" + pins["torch"] in DOCKERFILE  # the Dockerfile's first torch step installs the same one
 
 
+@pytest.mark.slow
 def test_the_demo_page_is_package_data(tmp_path):
     "setup.py ships distrinews/static/index.html: a wheel built from the repository contains it."
     src = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside setup.py
@@ -176,6 +177,7 @@ def test_the_demo_page_is_package_data(tmp_path):
 # ---------------------------------------------------------------- the staged build context
 
 
+@pytest.mark.slow
 def test_staged_space_is_a_complete_build_context(tmp_path, checkpoint):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(checkpoint, ckpt)
@@ -240,6 +242,7 @@ def image_environment(space: Path) -> tuple[dict, list[str]]:
     return {k: v.replace(APP_DIR, str(space)) for k, v in env.items()}, cmd[3:]
 
 
+@pytest.mark.slow
 def test_clean_venv_has_only_the_image_requirements(image_venv):
     python = image_venv / "bin" / "python"
     env = {"PATH": os.environ["PATH"]}
@@ -268,6 +271,7 @@ def test_clean_venv_has_only_the_image_requirements(image_venv):
     assert found == [pins["torch"], pins["transformers"]], version.stdout + version.stderr
 
 
+@pytest.mark.slow
 def test_staged_space_serves_from_a_clean_venv(tmp_path, image_venv, probe_checkpoint):
     "The image minus Docker: the staged folder, the Dockerfile's WORKDIR, ENV and CMD, a venv of requirements.txt only."
     from distrinews.inference import load_classifier

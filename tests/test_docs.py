@@ -312,6 +312,7 @@ def test_quarto_configuration():
     assert n["project"]["output-dir"] == "_docs"
 
 
+@pytest.mark.slow
 def test_nbdev_yml_matches_settings(site):
     "nbdev regenerates nbdev.yml from settings.ini on every docs build: the committed copy must be what it writes."
     assert (site["work"] / "nbs" / "nbdev.yml").read_text() == (NBS / "nbdev.yml").read_text()
@@ -329,6 +330,7 @@ def _known(cases: dict) -> list:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_notebook_processes_for_docs(site, notebook):
     """nbdev executes every cell that imports something (the fixture fails when one of them needs a name another cell
@@ -346,6 +348,7 @@ def test_notebook_processes_for_docs(site, notebook):
     assert not shown, f"{notebook}: hidden cells are on the page: {shown}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook", _known(KNOWN_BROKEN_LINKS))
 def test_notebook_links(site, notebook):
     "Every relative link in the notebook's markdown names an existing page of the site (and an existing heading)."
@@ -353,6 +356,7 @@ def test_notebook_links(site, notebook):
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+@pytest.mark.slow
 def test_rendered_site_links(site):
     "The website Quarto renders from the processed notebooks has no broken relative link."
     if not site["quarto"]:

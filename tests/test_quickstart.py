@@ -6,6 +6,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test runs `make` in a bare clone
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
