@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from .demos.concepts import demo_batch, tiny_mlp
@@ -16,7 +15,8 @@ __all__ = ['fsdp_sketch']
 
 # %% ../nbs/10_going_further.ipynb #b48f3481
 def fsdp_sketch(rank: int, world_size: int, steps: int = 3, batch_size: int = 16) -> dict:
-    "Train `tiny_mlp` with FSDP2 (`fully_shard`) on this rank's half of each batch; report shapes and the final weights."
+    """Train `tiny_mlp` with FSDP2 (`fully_shard`) on this rank's half of each batch; report shapes and the final
+    weights."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 

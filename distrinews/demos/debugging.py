@@ -195,12 +195,12 @@ def train_steps(
     width: int = 32,
 ) -> dict:
     """Train `tiny_mlp` for `steps` on rank-specific data. `mode`: 'ddp' (correct), 'unwrapped' (DDP built but the raw
-    model trained), 'no_sync' (every backward inside `no_sync()`); without a process group: 'local' (the plain model)
-    or 'dataparallel' (wrapped in `nn.DataParallel`). `straggler_s`: rank 1 sleeps this long in every step.
+    model trained), 'no_sync' (every backward inside `no_sync()`); without a process group: 'local' (the plain model).
+    `straggler_s`: rank 1 sleeps this long in every step.
     Returns the gradient check of every step, whether the replicas agree at the end, and the mean step time."""
     model = tiny_mlp(width=width)
-    single = mode in ("local", "dataparallel")
-    net = model if mode == "local" else nn.DataParallel(model) if mode == "dataparallel" else DDP(model)
+    single = mode == "local"
+    net = model if single else DDP(model)
     trained = model if mode == "unwrapped" else net
     opt = torch.optim.SGD(trained.parameters(), lr=0.1)
     x, y = demo_batch(batch_size * steps, seed=100 + rank)  # every rank its own data
