@@ -1,20 +1,20 @@
 """Run the benchmark notebook (nbs/07_benchmarks.ipynb) with papermill over a matrix of parameters, keep each executed
 notebook in benchmarks/runs/, then render benchmarks/README.md and the PNG charts from benchmarks/results/*.json.
 
-    HF_HUB_OFFLINE=1 DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/run.py   # the real thing, ~30 min on 2 cores
-    .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench                          # tiny parameters, ~2 min (the tests run this)
-    .venv/bin/python benchmarks/run.py --only serving                                    # one row of the matrix
+    # the real thing, ~30 min on 2 cores
+    HF_HUB_OFFLINE=1 DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/run.py
+    .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench    # tiny parameters, ~2 min (the tests run this)
+    .venv/bin/python benchmarks/run.py --only serving              # one row of the matrix
 """
 
 import argparse
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import papermill as pm
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from course import tidy  # one way to make an executed notebook fit to commit, shared with `make course`
+import report  # benchmarks/report.py, beside this script
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE.parent / "nbs" / "07_benchmarks.ipynb"
@@ -69,10 +69,8 @@ def main(argv=None):
             progress_bar=False,
             log_output=False,
         )
-        tidy(executed, HERE.parent)
-    sys.path.insert(0, str(HERE))
-    import report
-
+        # one way to make an executed notebook fit to commit, shared with `make course`
+        subprocess.run([sys.executable, str(HERE.parent / "tools" / "course.py"), "--tidy", str(executed)], check=True)
     report.render(results, out)
     print(f"report: {out / 'README.md'}")
     return out

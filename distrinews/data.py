@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import html
+import json
 import math
 import os
 import re
@@ -19,9 +20,12 @@ import torch
 from .model import LABELS, hub_offline
 
 # %% auto #0
-__all__ = ['NO_DATA_MESSAGE', 'clean_text', 'DataFolderError', 'find_data_dir', 'read_agnews_csv', 'data_source', 'load_agnews',
-           'stratified_indices', 'stratified_subset', 'default_cache_dir', 'tokenize_dataset', 'make_collator',
-           'LengthGroupedBatchSampler', 'padding_fraction', 'load_splits', 'loader_options', 'build_dataloaders']
+__all__ = ['KAGGLE_HEADER', 'NO_DATA_MESSAGE', 'clean_text', 'AttachedInputError', 'input_root', 'attached_folders',
+           'is_agnews_folder', 'find_attached_agnews', 'is_model_folder', 'is_course_checkpoint',
+           'find_attached_encoder', 'find_attached_checkpoint', 'DataFolderError', 'find_data_dir', 'read_agnews_csv',
+           'locate_data', 'data_source', 'load_agnews', 'stratified_indices', 'stratified_subset', 'default_cache_dir',
+           'tokenize_dataset', 'make_collator', 'LengthGroupedBatchSampler', 'padding_fraction', 'load_splits',
+           'loader_options', 'build_dataloaders']
 
 # %% ../nbs/02_dataset.ipynb #a8c178b8
 def clean_text(text: str) -> str:
@@ -32,45 +36,152 @@ def clean_text(text: str) -> str:
     text = re.sub(r"<[^>]{0,200}>", " ", text)  # stray markup such as <b> or <a href=...>
     return re.sub(r"\s+", " ", text).strip()
 
+# %% ../nbs/02_dataset.ipynb #896e5403
+KAGGLE_HEADER = "Class Index,Title,Description"  # the first line of the Kaggle dataset's CSVs
+
+
+class AttachedInputError(ValueError):
+    "Two or more attached folders fit and the search cannot tell which one is meant; the message names the fix."
+
+
+def input_root() -> Path:
+    "Where attached inputs live: $DISTRINEWS_KAGGLE_INPUT, else Kaggle's /kaggle/input (which exists only on Kaggle)."
+    return Path(os.environ.get("DISTRINEWS_KAGGLE_INPUT") or "/kaggle/input")
+
+
+def attached_folders(has, root: str | os.PathLike | None = None, depth: int = 5) -> list[Path]:
+    "Folders under `root` (default `input_root()`), at most `depth` levels down, for which `has(folder)` is true."
+    root = Path(root or input_root())
+    if not root.is_dir():
+        return []
+    found = []
+    for here, dirs, _ in os.walk(root, followlinks=True):
+        level = len(Path(here).relative_to(root).parts)
+        if level and has(Path(here)):
+            found.append(Path(here))
+            dirs.clear()  # nothing inside a match is a second one
+        elif level >= depth:
+            dirs.clear()
+        dirs.sort()
+    return found
+
+
+def _agnews_file(path: Path) -> bool:
+    "True if `path` starts like an AG News CSV: the Kaggle header, or a class index 1-4 in the first field."
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.readline().strip()
+    except OSError:
+        return False
+    return first.startswith(KAGGLE_HEADER) or first.lstrip('"')[:1] in ("1", "2", "3", "4")
+
+
+def is_agnews_folder(folder: Path) -> bool:
+    return all((folder / f).is_file() and _agnews_file(folder / f) for f in ("train.csv", "test.csv"))
+
+
+def _choose(found: list[Path], what: str, how: str) -> Path | None:
+    if len(found) > 1:
+        names = ", ".join(str(p) for p in found)
+        raise AttachedInputError(f"{len(found)} attached folders hold {what}: {names}. Name the one to use: {how}")
+    return found[0] if found else None
+
+
+def find_attached_agnews(root: str | os.PathLike | None = None) -> Path | None:
+    "The attached folder holding AG News' train.csv and test.csv (either layout), None if there is none."
+    return _choose(
+        attached_folders(is_agnews_folder, root),
+        "AG News (train.csv and test.csv)",
+        """DISTRINEWS_OVERRIDES='{"data_dir": "<one of them>"}'.""",
+    )
+
+
+def is_model_folder(folder: Path) -> bool:
+    "A Hugging Face model folder: config.json, weights and a tokenizer."
+    weights = any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
+    vocab = any((folder / f).is_file() for f in ("tokenizer.json", "vocab.txt"))
+    return (folder / "config.json").is_file() and weights and vocab
+
+
+def is_course_checkpoint(folder: Path) -> bool:
+    "A checkpoint a training run of this course saved (notebooks 03/04): a model folder with its run_config.json."
+    if not (is_model_folder(folder) and (folder / "run_config.json").is_file()):
+        return False
+    try:  # the untrained demo checkpoint (notebook 05) has the same files: it is no trained model
+        return json.loads((folder / "run_config.json").read_text()).get("profile") != "demo"
+    except ValueError:
+        return False
+
+
+def find_attached_encoder(name: str, root: str | os.PathLike | None = None) -> Path | None:
+    """The attached model folder for hub model `name` (e.g. 'distilbert-base-uncased'), found by its name in the path
+    (a dataset /kaggle/input/distilbert-base-uncased/, or a Kaggle model .../distilbert-base-uncased/1/); None if none."""
+    key = str(name).rstrip("/").split("/")[-1].lower()
+    root = Path(root or input_root())
+
+    def fits(folder):
+        return is_model_folder(folder) and not is_course_checkpoint(folder)
+
+    found = [p for p in attached_folders(fits, root) if key in (s.lower() for s in p.relative_to(root).parts)]
+    return _choose(found, f"the model {name!r}", """DISTRINEWS_OVERRIDES='{"model_name": "<one of them>"}'.""")
+
+
+def find_attached_checkpoint(output_dir: str = "", root: str | os.PathLike | None = None) -> Path | None:
+    """The checkpoint a previous notebook saved, attached as that notebook's output (/kaggle/input/<notebook>/...):
+    the one under `output_dir` (e.g. 'runs/kaggle') when there are several; None if there is none."""
+    found = attached_folders(is_course_checkpoint, root)
+    if len(found) > 1 and output_dir:
+        tail = Path(output_dir, "checkpoint").parts
+        found = [p for p in found if p.parts[-len(tail) :] == tail] or found
+    return _choose(found, "a trained checkpoint", "set `checkpoint = '<one of them>'` in the parameters cell.")
+
 # %% ../nbs/02_dataset.ipynb #667325e4
 class DataFolderError(ValueError):
     "A local AG News folder or file that cannot be used; the message names the file (and line) and the fix."
 
 
 def find_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
-    "The local AG News folder: `data_dir`, else $DISTRINEWS_DATA_DIR, else None."
+    "The AG News folder named by `data_dir`, else by $DISTRINEWS_DATA_DIR; None if neither is set."
     data_dir = data_dir or os.environ.get("DISTRINEWS_DATA_DIR")
     return Path(data_dir).expanduser() if data_dir else None
 
 
 def read_agnews_csv(path: str | os.PathLike) -> tuple[list[str], list[int]]:
-    "Texts and 0-based labels from one AG News CSV file, validated row by row."
+    "Texts and 0-based labels from one AG News CSV file (original layout, or Kaggle's with a header), checked row by row."
     path = Path(path)
     texts, labels, dropped = [], [], 0
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
-        for row in reader:
-            where = f"{path}:{reader.line_num}"
-            if len(row) != 3:
-                raise DataFolderError(
-                    f"{where}: expected 3 columns (class index 1-4, title, description), got {len(row)}: "
-                    f"{row[:4]!r}. Is this the original AG News CSV format (no header, quoted fields)?"
-                )
-            try:
-                label = int(row[0])
-            except ValueError:
-                label = None
-            if label not in (1, 2, 3, 4):
-                raise DataFolderError(
-                    f"{where}: class index {row[0]!r} is not one of 1, 2, 3, 4 "
-                    f"({', '.join(f'{i + 1}={n}' for i, n in enumerate(LABELS))}). Fix or remove that row."
-                )
-            title, description = clean_text(row[1]), clean_text(row[2])
-            if not title and not description:
-                dropped += 1
-                continue
-            texts.append(f"{title} {description}".strip())
-            labels.append(label - 1)
+        try:
+            for row in reader:
+                where = f"{path}:{reader.line_num}"
+                if reader.line_num == 1 and ",".join(row) == KAGGLE_HEADER:
+                    continue  # the Kaggle dataset's header
+                if len(row) != 3:
+                    raise DataFolderError(
+                        f"{where}: expected 3 columns (class index 1-4, title, description), got {len(row)}: "
+                        f"{row[:4]!r}. Is this an AG News CSV (quoted fields; no header, or {KAGGLE_HEADER!r})?"
+                    )
+                try:
+                    label = int(row[0])
+                except ValueError:
+                    label = None
+                if label not in (1, 2, 3, 4):
+                    raise DataFolderError(
+                        f"{where}: class index {row[0]!r} is not one of 1, 2, 3, 4 "
+                        f"({', '.join(f'{i + 1}={n}' for i, n in enumerate(LABELS))}). Fix or remove that row."
+                    )
+                title, description = clean_text(row[1]), clean_text(row[2])
+                if not title and not description:
+                    dropped += 1
+                    continue
+                texts.append(f"{title} {description}".strip())
+                labels.append(label - 1)
+        except UnicodeDecodeError as e:
+            raise DataFolderError(
+                f"{path}: not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} after line {reader.line_num}). "
+                "The AG News CSVs are UTF-8: convert the file (e.g. `iconv -f latin1 -t utf-8`) or download it again."
+            ) from None
     if dropped:
         warnings.warn(f"{path}: dropped {dropped} row(s) whose title and description are both empty.")
     if not texts:
@@ -86,56 +197,59 @@ def _as_dataset(texts, labels):
 
 
 NO_DATA_MESSAGE = (
-    "No AG News data: DISTRINEWS_DATA_DIR is not set (no local copy) and the Hugging Face Hub is offline "
-    "(HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set). Either set DISTRINEWS_DATA_DIR to a folder with "
-    "train.csv and test.csv in the original AG News format, or go online (unset HF_HUB_OFFLINE and "
-    "HF_DATASETS_OFFLINE) to download the `ag_news` dataset from the hub."
+    "No AG News data: no local copy (DISTRINEWS_DATA_DIR is not set, none is attached to this Kaggle notebook) and "
+    "the Hugging Face Hub is offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set). Either set DISTRINEWS_DATA_DIR "
+    "to a folder with train.csv and test.csv (on Kaggle: attach the AG News dataset with Add Input), or go online "
+    "(unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE) to download the `ag_news` dataset from the hub."
 )
 
 
-def data_source(cfg) -> str:
-    "Where `cfg`'s rows will come from, 'local' or 'hub'; fails at once, naming both fixes, when neither is possible."
-    folder = find_data_dir(cfg.data_dir)
-    source = cfg.data_source if cfg.data_source != "auto" else ("local" if folder else "hub")
-    if source == "hub" and hub_offline(datasets=True):
-        raise DataFolderError(NO_DATA_MESSAGE)
-    if source == "local" and not (folder and folder.is_dir()):
+def locate_data(data_dir: str | os.PathLike | None = None, source: str = "auto") -> Path | None:
+    """The folder AG News is read from, or None for the hub. `source` 'local': `data_dir`, else $DISTRINEWS_DATA_DIR,
+    else a copy attached to this Kaggle notebook; 'auto': the same, else the hub; 'hub', the complete dataset:
+    `data_dir` if one is named, else an attached copy (the Kaggle dataset holds all of it), else the hub.
+    Fails at once, naming the fixes, when none of them is possible."""
+    if source not in ("auto", "local", "hub"):
+        raise ValueError(f"source must be auto, local or hub, got {source!r}.")
+    folder = Path(data_dir).expanduser() if data_dir else None
+    if folder is None and source != "hub":
+        folder = find_data_dir()
+    folder = folder or find_attached_agnews()
+    if folder is None and source == "local":
         raise DataFolderError(
-            f"data_source='local' but the AG News folder {folder or '(none: DISTRINEWS_DATA_DIR is not set)'} "
-            "does not exist. Set DISTRINEWS_DATA_DIR to the folder holding train.csv and test.csv, "
-            "or use data_source='hub' when online."
+            "data_source='local' but there is no AG News folder: DISTRINEWS_DATA_DIR is not set (nor data_dir=) "
+            "and none is attached to this notebook. Set DISTRINEWS_DATA_DIR to the folder holding train.csv and "
+            "test.csv, or use data_source='hub' when online."
         )
-    return source
+    if folder is not None and not folder.is_dir():
+        raise DataFolderError(
+            f"AG News folder {folder} does not exist. Set DISTRINEWS_DATA_DIR (or data_dir=) to the folder holding "
+            "train.csv and test.csv, or use data_source='hub' when online."
+        )
+    if folder is None and hub_offline(datasets=True):
+        raise DataFolderError(NO_DATA_MESSAGE)
+    return folder
+
+
+def data_source(cfg) -> str:
+    "Where `cfg`'s rows will come from, 'local' (a folder) or 'hub'; fails at once, naming the fixes, when neither works."
+    return "hub" if locate_data(cfg.data_dir, cfg.data_source) is None else "local"
 
 
 def load_agnews(split: str = "train", data_dir: str | os.PathLike | None = None, source: str = "auto"):
-    """AG News `split` ('train' or 'test') as a `datasets.Dataset` with `text` and `label` (0..3).
-    `source`: 'local' (a CSV folder), 'hub' (the `ag_news` dataset), or 'auto' (local when a folder is given or set)."""
+    """AG News `split` ('train' or 'test') as a `datasets.Dataset` with `text` and `label` (0..3), from the folder
+    or the hub that `locate_data(data_dir, source)` picks."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
-    if source not in ("auto", "local", "hub"):
-        raise ValueError(f"source must be auto, local or hub, got {source!r}.")
-    folder = find_data_dir(data_dir)
-    if source == "local" or (source == "auto" and folder is not None):
-        if folder is None:
-            raise DataFolderError(
-                "No local AG News folder: pass data_dir= or set DISTRINEWS_DATA_DIR "
-                "(a folder with train.csv and test.csv in the original AG News format)."
-            )
-        if not folder.is_dir():
-            raise DataFolderError(
-                f"AG News folder {folder} does not exist. Set DISTRINEWS_DATA_DIR (or data_dir=) to the "
-                "folder holding train.csv and test.csv, or use source='hub' when online."
-            )
+    folder = locate_data(data_dir, source)
+    if folder is not None:
         file = folder / f"{split}.csv"
         if not file.is_file() or file.stat().st_size == 0:
             raise DataFolderError(
                 f"{file} is missing or empty. The folder {folder} must hold train.csv and test.csv "
-                "in the original AG News CSV format."
+                "in the AG News CSV format."
             )
         return _as_dataset(*read_agnews_csv(file))
-    if hub_offline(datasets=True):
-        raise DataFolderError(NO_DATA_MESSAGE)
     from datasets import load_dataset
 
     try:
@@ -143,7 +257,7 @@ def load_agnews(split: str = "train", data_dir: str | os.PathLike | None = None,
     except Exception as e:
         raise DataFolderError(
             f"Could not load the 'ag_news' dataset from the Hugging Face Hub ({type(e).__name__}: {e}). "
-            "Offline? Set DISTRINEWS_DATA_DIR to a local AG News CSV folder."
+            "Offline? Set DISTRINEWS_DATA_DIR to a local AG News CSV folder, or on Kaggle attach the AG News dataset."
         ) from e
     return ds.map(lambda b: {"text": [clean_text(t) for t in b["text"]]}, batched=True)
 

@@ -3,6 +3,7 @@ the notebook, so that a reader on GitHub, nbviewer or Kaggle sees what a run sho
 
     make course                                   # all notebooks, in order (about 54 min on 2 CPU cores)
     .venv/bin/python tools/course.py 03 04 05     # some of them (05 and 06 read the checkpoint 04 trains)
+    .venv/bin/python tools/course.py --tidy X.ipynb   # only make an executed notebook fit to commit (benchmarks/run.py)
 
 What it does, per notebook: papermill executes a copy with the parameters below (the source in nbs/ is never edited by
 the run); the outputs are copied back cell by cell, made fit to read (progress bars settled to their last frame, paths
@@ -204,7 +205,14 @@ def write_back(notebook: Path, executed: dict, line: str):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("only", nargs="*", help="notebook numbers to run (default: every numbered notebook)")
+    p.add_argument(
+        "--tidy", nargs="+", metavar="NOTEBOOK", help="only tidy these executed notebooks in place (benchmarks/run.py)"
+    )
     a = p.parse_args(argv)
+    if a.tidy:
+        for path in a.tidy:
+            tidy(Path(path))
+        return
     notebooks = sorted(NBS.glob("[0-9][0-9]_*.ipynb"))
     if a.only:
         notebooks = [n for n in notebooks if n.name[:2] in a.only]
