@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -17,6 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import safetensors.torch
 import torch
 
 from distrinews.model import (
@@ -27,16 +29,16 @@ from distrinews.model import (
     build_classifier,
     load_tokenizer,
     predict,
-    resolve_model_source,
     use_pooling,
 )
 from .train import native_bf16, pick_device
 
 # %% auto #0
-__all__ = ['WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'PROBE_TEXTS', 'make_demo_checkpoint', 'InvalidCheckpointError',
-           'check_checkpoint_dir', 'choose_dtype', 'Classifier', 'weights_digest', 'load_classifier',
+__all__ = ['WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'PROBE_TEXTS', 'NO_CHECKPOINT_MESSAGE', 'make_demo_checkpoint',
+           'InvalidCheckpointError', 'check_checkpoint_dir', 'fit_head', 'choose_dtype', 'Classifier', 'read_weights',
+           'weights_digest', 'nonfinite_tensors', 'check_labels', 'build_strict', 'load_classifier',
            'load_reference_checkpoint', 'convert_reference_checkpoint', 'QueueFullError', 'MicroBatcher',
-           'default_checkpoint']
+           'NoCheckpointError', 'default_checkpoint', 'pick_checkpoint']
 
 # %% ../nbs/05_inference.ipynb #0ce389de
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
@@ -129,6 +131,46 @@ def check_checkpoint_dir(path: str | os.PathLike) -> Path:
         )
     return path
 
+# %% ../nbs/05_inference.ipynb #a1f0c002
+def fit_head(checkpoint: str | os.PathLike, out: str | os.PathLike, n: int = 512, max_length: int = 64) -> Path:
+    """A copy of `checkpoint` in `out` whose classification head is fitted on `n` AG News training items: a linear
+    probe (the encoder stays frozen; seconds on a CPU), so it predicts like a trained model. Needs the local AG News
+    files (`$DISTRINEWS_DATA_DIR`)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from distrinews.data import find_data_dir, read_agnews_csv, stratified_indices
+
+    _quiet_transformers()
+    data_dir, out = find_data_dir(), Path(out)
+    if data_dir is None or not (data_dir / "train.csv").is_file():
+        raise FileNotFoundError("no local AG News train.csv to fit a head on: set DISTRINEWS_DATA_DIR")
+    texts, labels = read_agnews_csv(data_dir / "train.csv")
+    rows = stratified_indices(labels, n, seed=0)
+    texts, labels = [texts[i] for i in rows], torch.tensor([labels[i] for i in rows])
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    feats = []  # what the head sees: the encoder's pooled features, computed once
+    hook = model.classifier.register_forward_hook(lambda m, args, output: feats.append(args[0].detach()))
+    with torch.inference_mode():
+        for i in range(0, len(texts), 64):
+            batch = tokenizer(
+                texts[i : i + 64], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+            )
+            model(**batch)
+    hook.remove()
+    x, head = torch.cat(feats), model.classifier
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for _ in range(300):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(head(x), labels).backward()
+        opt.step()
+    accuracy = (head(x).argmax(-1) == labels).float().mean().item()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    run_config = dict(name="minilm-linear-probe", model_name="all-MiniLM-L6-v2", max_length=max_length)
+    (out / "run_config.json").write_text(json.dumps(dict(run_config, train_items=n, train_accuracy=accuracy)))
+    return out
+
 # %% ../nbs/05_inference.ipynb #38425ca2
 PROBE_TEXTS = [
     "Rebels seize the capital as the president flees the country",
@@ -209,10 +251,41 @@ class Classifier:
         return self.predict_batch([text])[0]
 
 # %% ../nbs/05_inference.ipynb #9af2c0d8
+def _weight_files(path: Path) -> list[Path]:
+    "The safetensors file(s) of a checkpoint folder: model.safetensors, or the shards its index lists."
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        return [path / "model.safetensors"]
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        raise InvalidCheckpointError(f"{index} is not a safetensors index (it has no weight_map).") from None
+    return [path / name for name in shards]
+
+
+def read_weights(path: str | os.PathLike, n: int = 12) -> tuple[dict[str, torch.Tensor], str]:
+    """Every tensor in the checkpoint's safetensors file(s), read into memory, and a short sha256 of exactly the bytes
+    that were read: the model version."""
+    path, h, state = Path(path), hashlib.sha256(), {}
+    for f in _weight_files(path):
+        try:
+            data = f.read_bytes()  # the whole file, once: later changes to it cannot reach the served model
+        except OSError as e:
+            raise InvalidCheckpointError(f"Could not read {f}: {e.strerror}.") from None
+        h.update(data)
+        try:
+            state.update(safetensors.torch.load(data))  # tensors that own their memory, not a view of the file
+        except Exception as e:  # truncated, or not safetensors at all
+            raise InvalidCheckpointError(
+                f"Could not load the checkpoint in {path}: {f.name} is not a valid safetensors file ({e})."
+            ) from None
+    return state, h.hexdigest()[:n]
+
+
 def weights_digest(path: str | os.PathLike, n: int = 12) -> str:
-    "A short sha256 of the checkpoint's weight files: the model version."
+    "The version `read_weights` gives a checkpoint folder, from its files as they are now."
     h = hashlib.sha256()
-    for f in sorted(Path(path).glob("model*.safetensors")):
+    for f in _weight_files(Path(path)):
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
@@ -226,6 +299,61 @@ def _read_json(path: Path) -> dict:
         return {}
     return data if isinstance(data, dict) else {}
 
+# %% ../nbs/05_inference.ipynb #a1f0c004
+def _few(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
+def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
+    "Names of the floating-point tensors in `state` that hold a NaN or an infinity."
+    return [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+
+
+def check_labels(config, where: str) -> None:
+    "An `InvalidCheckpointError` unless the model's outputs are this course's four AG News labels, in order."
+    labels = [config.id2label.get(i) for i in range(config.num_labels)]
+    if labels != LABELS:
+        raise InvalidCheckpointError(
+            f"{where} labels its {config.num_labels} outputs {labels}, not {LABELS}: it is not an AG News classifier "
+            "of this course. Serve a checkpoint that distrinews-train (or notebook 03/04) wrote."
+        )
+
+
+def build_strict(config, state: dict[str, torch.Tensor], where: str):
+    """The sequence classifier `config` describes, with every one of its tensors taken from `state`: none may be
+    missing (it would be freshly initialised), none left over, none of another shape, none holding NaN or Inf."""
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        with torch.device("meta"):  # the architecture's tensor names and shapes, without allocating them
+            skeleton = AutoModelForSequenceClassification.from_config(config)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise InvalidCheckpointError(f"{where}: no classifier can be built from its config.json ({first}).") from None
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    missing = [k for k in expected if k not in state]
+    extra = [k for k in state if k not in expected]
+    shapes = [
+        f"{k} {tuple(state[k].shape)}, not {expected[k]}"
+        for k in expected
+        if k in state and tuple(state[k].shape) != expected[k]
+    ]
+    if missing or extra or shapes:
+        found = [f"{len(missing)} of its {len(expected)} tensors are missing ({_few(missing)})"] if missing else []
+        found += [f"{len(extra)} tensors are not part of it ({_few(extra)})"] if extra else []
+        found += [f"{len(shapes)} have another shape ({_few(shapes)})"] if shapes else []
+        raise InvalidCheckpointError(
+            f"{where}: the weights are not those of the {type(skeleton).__name__} its config.json describes "
+            f"(model_type {config.model_type!r}): {'; '.join(found)}. Serving it would answer with freshly "
+            "initialised weights; serve the folder training wrote (config and weights saved together)."
+        )
+    bad = nonfinite_tensors(state)
+    if bad:
+        raise InvalidCheckpointError(f"{where}: {len(bad)} weight tensors hold NaN or Inf values ({_few(bad)}).")
+    model = AutoModelForSequenceClassification.from_config(config)
+    model.load_state_dict(state, strict=True)
+    return model
+
 # %% ../nbs/05_inference.ipynb #bcab0312
 def load_classifier(
     path: str | os.PathLike,
@@ -235,7 +363,7 @@ def load_classifier(
     base_model: str | None = None,
 ) -> Classifier:
     "A `Classifier` from a checkpoint folder (or a reference-design `.pt` file, loaded with `weights_only=True`)."
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     _quiet_transformers()
     device = pick_device(device)
@@ -245,16 +373,18 @@ def load_classifier(
         run_config, version, name = meta, meta["version"], path.stem
     else:
         path = check_checkpoint_dir(path)
+        state, version = read_weights(path)  # in memory, hashed once: the version names what is served
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                path, use_safetensors=True, local_files_only=True
-            )
-            use_pooling(model)  # the head reads what it was trained on (config.distrinews_pooling)
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as e:  # corrupt weights, a config for an unknown architecture, ...: one clear line
+        except Exception as e:  # a config for an unknown architecture, broken tokenizer files, ...: one clear line
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             raise InvalidCheckpointError(f"Could not load the checkpoint in {path}: {type(e).__name__}: {first}") from e
-        run_config, version, name = _read_json(path / "run_config.json"), weights_digest(path), path.name
+        check_labels(config, f"{path}/config.json")
+        model = build_strict(config, state, str(path))
+        del state
+        use_pooling(model)  # the head reads what it was trained on (config.distrinews_pooling)
+        run_config, name = _read_json(path / "run_config.json"), path.name
     if max_length is None:
         max_length = int(run_config.get("max_length") or min(tokenizer.model_max_length, 512))
     if run_config.get("name"):
@@ -297,8 +427,9 @@ def load_reference_checkpoint(pt_path: str | os.PathLike, base_model: str | None
     pt_path = Path(pt_path)
     if not pt_path.is_file():
         raise InvalidCheckpointError(f"Checkpoint file {pt_path} does not exist.")
+    data = pt_path.read_bytes()  # read once: the version below is the hash of exactly what was loaded
     try:
-        ckpt = torch.load(pt_path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         if not found:
@@ -327,11 +458,14 @@ def load_reference_checkpoint(pt_path: str | os.PathLike, base_model: str | None
     try:
         missing, unexpected = model.load_state_dict(_strip_prefixes(state), strict=False)
     except RuntimeError as e:  # tensors of the wrong shape
-        detail = [l.strip() for l in str(e).splitlines() if "size mismatch" in l][:2]
+        detail = [line.strip() for line in str(e).splitlines() if "size mismatch" in line][:2]
         raise InvalidCheckpointError(f"{mismatch}: {'; '.join(detail) or e}. {fix}") from None
     if missing or unexpected:
         raise InvalidCheckpointError(f"{mismatch}: missing {missing[:5]}, unexpected {unexpected[:5]}. {fix}")
-    digest = hashlib.sha256(pt_path.read_bytes()).hexdigest()[:12]
+    bad = nonfinite_tensors(model.state_dict())
+    if bad:
+        raise InvalidCheckpointError(f"{pt_path}: {len(bad)} weight tensors hold NaN or Inf values ({_few(bad)}).")
+    digest = hashlib.sha256(data).hexdigest()[:12]
     meta = dict(
         model_name=base,
         max_length=config.get("max_length", 128),
@@ -356,14 +490,14 @@ def convert_reference_checkpoint(
 
 # %% ../nbs/05_inference.ipynb #a522e998
 class QueueFullError(RuntimeError):
-    "The micro-batcher's queue is full; try again after `retry_after` seconds."
+    "The micro-batcher's queue is full (or it is shutting down); try again after `retry_after` seconds."
 
     def __init__(self, message: str, retry_after: float = 1.0):
         super().__init__(message)
         self.retry_after = retry_after
 
 
-@dataclass
+@dataclass(eq=False)  # jobs are told apart by identity
 class _Job:
     items: list
     future: Future
@@ -393,9 +527,9 @@ class MicroBatcher:
         self._queue: collections.deque[_Job] = collections.deque()
         self._queued = 0  # items waiting (not yet running)
         self._cond = threading.Condition()
-        self._stopping, self._thread = False, None
+        self._stopping, self._closing, self._thread = False, False, None
         self._last_batch = max_batch_size  # texts in the last batch: how many to wait for next time
-        self.stats = dict(batches=0, items=0, largest_batch=0, rejected=0)
+        self.stats = dict(batches=0, items=0, largest_batch=0, rejected=0, cancelled=0)
 
     @property
     def queued(self) -> int:
@@ -411,6 +545,9 @@ class MicroBatcher:
         with self._cond:
             if self._stopping:
                 raise RuntimeError(f"{self.name} is stopped")
+            if self._closing:
+                self.stats["rejected"] += 1
+                raise QueueFullError(f"server is shutting down; retry in {self.retry_after:g} s", self.retry_after)
             if self._queued + len(items) > self.queue_limit:
                 self.stats["rejected"] += 1
                 raise QueueFullError(
@@ -418,10 +555,22 @@ class MicroBatcher:
                     f"{self.queue_limit}); retry in {self.retry_after:g} s",
                     self.retry_after,
                 )
-            self._queue.append(_Job(items, fut))
+            job = _Job(items, fut)
+            self._queue.append(job)
             self._queued += len(items)
             self._cond.notify()
+        fut.add_done_callback(lambda f: f.cancelled() and self._drop(job))
         return fut
+
+    def _drop(self, job: _Job):
+        "A job cancelled while it waits (its caller went away) leaves the queue at once: it costs no compute or room."
+        with self._cond:
+            try:
+                self._queue.remove(job)
+            except ValueError:  # the worker has taken it already
+                return
+            self._queued -= len(job.items)
+            self.stats["cancelled"] += 1
 
     def _next_batch(self) -> list[_Job] | None:
         with self._cond:
@@ -444,6 +593,8 @@ class MicroBatcher:
                 if job.future.set_running_or_notify_cancel():
                     jobs.append(job)
                     n += len(job.items)
+                else:  # cancelled just now, as the worker took it
+                    self.stats["cancelled"] += 1
             self._last_batch = max(1, n)
             return jobs
 
@@ -475,6 +626,27 @@ class MicroBatcher:
             self._thread.start()
         return self
 
+    def close(self, drain_s: float) -> threading.Timer:
+        """Refuse new jobs (`QueueFullError`) from now on; run the queued ones for up to `drain_s` seconds, then refuse
+        those still waiting. Returns at once; the batch that is running then finishes."""
+        with self._cond:
+            self._closing = True
+        timer = threading.Timer(drain_s, self._refuse_queued)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _refuse_queued(self):
+        with self._cond:
+            jobs, self._queued = list(self._queue), 0
+            self._queue.clear()
+        for job in jobs:
+            if job.future.set_running_or_notify_cancel():
+                self.stats["rejected"] += 1
+                job.future.set_exception(
+                    QueueFullError("server is shutting down before this request's turn", self.retry_after)
+                )
+
     def stop(self, timeout: float | None = 30):
         "Finish the jobs already queued, then stop the worker."
         with self._cond:
@@ -490,9 +662,44 @@ class MicroBatcher:
         self.stop()
 
 # %% ../nbs/05_inference.ipynb #2fb1b841
+class NoCheckpointError(FileNotFoundError):
+    "No trained checkpoint in reach, where serving an untrained one would mislead (a Kaggle session)."
+
+
+NO_CHECKPOINT_MESSAGE = (
+    "No trained checkpoint in reach: this session's working folder has no {folder}, and no notebook output attached "
+    "under {inputs} holds one. Each Kaggle notebook runs in a session of its own. Run notebook 04 with Save Version "
+    "(Save & Run All) so that Kaggle keeps its output, then attach that output here (Add Input > Your Work > "
+    "Notebooks > 04) and run this notebook again; or set `checkpoint` in the parameters cell to a checkpoint folder. "
+    "(An untrained model would answer with guesses.)"
+)
+
+
 def default_checkpoint(profile: str | None = None, root: str | os.PathLike | None = None) -> Path | None:
-    "The training checkpoint of `profile` (in its `run_folder`, looked up from `root`), or None if there is none yet."
+    """The training checkpoint of `profile`: in its `run_folder` (looked up from `root`), else one that notebook 04
+    saved in another Kaggle session, attached to this one as that notebook's output; None if there is none."""
+    from distrinews.data import find_attached_checkpoint
     from distrinews.model import get_config, run_folder
 
-    path = run_folder(get_config(profile), root) / "checkpoint"
-    return path if (path / "config.json").exists() else None
+    cfg = get_config(profile)
+    path = run_folder(cfg, root) / "checkpoint"
+    return path if (path / "config.json").exists() else find_attached_checkpoint(cfg.output_dir)
+
+
+def pick_checkpoint(
+    checkpoint: str | os.PathLike | None = None, profile: str | None = None, root: str | os.PathLike | None = None
+) -> Path | None:
+    """The checkpoint a serving notebook uses: `checkpoint` if given, else `default_checkpoint` (not for the smoke
+    profile, whose tests serve a demo). None means the untrained demo checkpoint, and the caller says so. On Kaggle,
+    where nobody would want that, it stops instead, saying how to attach notebook 04's checkpoint."""
+    from distrinews.data import input_root
+    from distrinews.model import get_config, running_on
+
+    if checkpoint is not None:
+        return Path(checkpoint)
+    cfg = get_config(profile)
+    found = None if cfg.profile == "smoke" else default_checkpoint(cfg.profile, root)
+    if found is None and running_on() == "kaggle":
+        folder = Path(cfg.output_dir) / "checkpoint"
+        raise NoCheckpointError(NO_CHECKPOINT_MESSAGE.format(folder=folder, inputs=input_root()))
+    return found

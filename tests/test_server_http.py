@@ -1,21 +1,35 @@
 """The real server: `python -m distrinews.serve` (the code behind `distrinews-serve`) under uvicorn on a free loopback
-port, called over HTTP; and a schemathesis run against its /openapi.json that must find no 5xx."""
+port, called over HTTP and over raw sockets. One server serves the whole module (with deadlines short enough for a
+test to wait for); only the shutdown test starts its own, since it stops it. Also: a schemathesis run against its
+/openapi.json that must find no 5xx, the model file changed under the running server, slow and silent clients,
+1,000 connections holding partial bodies, and SIGTERM under load."""
 
+import asyncio
 import collections
 import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import httpx
 import pytest
-from conftest import running_server
+import safetensors.torch
+from conftest import started_server
 
-from distrinews.model import LABELS
+from distrinews.inference import PROBE_TEXTS
+from distrinews.model import LABELS, OFFLINE_ENCODER, build_classifier
 
+pytestmark = pytest.mark.slow
+
+MAX_BODY, MAX_CONNECTIONS = 262_144, 64
+HEADER_TIMEOUT, BODY_TIMEOUT, KEEP_ALIVE = 1.0, 2.0, 1.0
 SERVER_ARGS = (
     "--threads",
     "1",
@@ -28,26 +42,66 @@ SERVER_ARGS = (
     "--max-batch-size",
     "8",
     "--log-level",
-    "warning",
+    "info",
+    "--max-connections",
+    str(MAX_CONNECTIONS),
+    "--header-timeout-s",
+    str(HEADER_TIMEOUT),
+    "--body-timeout-s",
+    str(BODY_TIMEOUT),
+    "--keep-alive-s",
+    str(KEEP_ALIVE),
 )
-SERVER_ENV = {"DISTRINEWS_MAX_BODY_BYTES": "16384", "DISTRINEWS_QUEUE_LIMIT": "64"}
+SERVER_ENV = {"DISTRINEWS_MAX_BODY_BYTES": str(MAX_BODY), "DISTRINEWS_QUEUE_LIMIT": "64"}
 
 
 @pytest.fixture(scope="module")
-def url(checkpoint):
-    with running_server(checkpoint, *SERVER_ARGS, "--batch-wait-ms", "50", env=SERVER_ENV) as base:
-        yield base
+def served(checkpoint, tmp_path_factory) -> Path:
+    "The module server's own copy of the demo checkpoint: a test changes its files under the running server."
+    return shutil.copytree(checkpoint, tmp_path_factory.mktemp("served") / "checkpoint")
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    with started_server(served, *SERVER_ARGS, "--batch-wait-ms", "50", env=SERVER_ENV) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def url(server):
+    return server.url
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.split("//")[1].split(":")
+    return host, int(port)
+
+
+def _raw(url: str, data: bytes, timeout: float = 10) -> bytes:
+    "Send `data` on a fresh connection; everything the server answers until it closes the connection."
+    with socket.create_connection(_address(url), timeout=timeout) as s:
+        s.sendall(data)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
 
 
 def test_health_and_predict_over_http(url):
     h = httpx.get(url + "/health").json()
-    assert (h["model_loaded"], h["device"], h["labels"], h["limits"]["max_body_bytes"]) == (True, "cpu", LABELS, 16384)
+    assert (h["model_loaded"], h["device"], h["labels"]) == (True, "cpu", LABELS)
+    assert (h["limits"]["max_body_bytes"], h["limits"]["max_connections"]) == (MAX_BODY, MAX_CONNECTIONS)
     r = httpx.post(url + "/predict", json={"text": "Central bank raises interest rates"})
     assert r.status_code == 200 and r.json()["label"] in LABELS
+    assert r.headers["x-content-type-options"] == "nosniff"
     r = httpx.post(url + "/predict/batch", json={"texts": ["Mars rover lands", "Striker scores twice", "Oil climbs"]})
     assert r.status_code == 200 and len(r.json()["predictions"]) == 3
     assert httpx.get(url + "/").headers["content-type"].startswith("text/html")
     assert httpx.get(url + "/openapi.json").json()["info"]["title"] == "DistriNews API"
+    r = httpx.head(url + "/health")
+    assert (r.status_code, r.content) == (200, b"")
+    r = httpx.get(url + "/health/", headers={"host": "evil.example"})
+    assert r.status_code == 404 and "location" not in r.headers  # no redirect built from the Host header
 
 
 def test_bad_input_over_http(url):
@@ -56,28 +110,35 @@ def test_bad_input_over_http(url):
     assert r.status_code == 422 and "at most 300 characters" in r.text
     r = httpx.post(url + "/predict", content=b'{"text": "caf\xe9"}', headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid UTF-8" in r.json()["detail"]
+    r = httpx.post(url + "/predict", content=b'{"text": "a"}', headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and "not 'text/plain'" in r.json()["detail"]
     assert httpx.delete(url + "/predict").status_code == 405 and httpx.get(url + "/nope").status_code == 404
 
 
 def test_body_limit_over_http(url):
-    big = json.dumps({"text": "y" * 100_000}).encode()
+    big = json.dumps({"text": "y" * (MAX_BODY + 10)}).encode()
     r = httpx.post(url + "/predict", content=big, headers={"content-type": "application/json"})
     assert (r.status_code, r.text) == (413, "Content Too Large")  # announced: refused before the body is read
-    chunks = iter([b'{"text": "', b"z" * 20_000, b'"}'])  # no Content-Length: chunked transfer encoding
+    assert r.headers["x-content-type-options"] == "nosniff"
+    chunks = iter([b'{"text": "', b"z" * (MAX_BODY + 10), b'"}'])  # no Content-Length: chunked transfer encoding
     r = httpx.post(url + "/predict", content=chunks, headers={"content-type": "application/json"})
-    assert r.status_code == 413 and "larger than the limit of 16384 bytes" in r.json()["detail"]
+    assert r.status_code == 413 and f"larger than the limit of {MAX_BODY} bytes" in r.json()["detail"]
     assert httpx.get(url + "/health").json()["model_loaded"]  # and the server is fine afterwards
 
 
-def test_bad_content_length_is_refused_by_the_http_server(url):
-    "httpx would fix a wrong Content-Length itself: a raw request. uvicorn refuses it before the app sees it."
-    host, port = url.split("//")[1].split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(
-            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}"
-        )
-        answer = s.recv(4096)
+def test_bad_framing_is_refused(url):
+    "httpx would fix these itself: raw requests. A wrong Content-Length (uvicorn), and Content-Length with chunked."
+    answer = _raw(
+        url, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n"
+    )
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    smuggle = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 13\r\n"
+        b'Transfer-Encoding: chunked\r\n\r\nd\r\n{"text": "a"}\r\n0\r\n\r\n'
+    )
+    answer = _raw(url, smuggle)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert b"Content-Length and Transfer-Encoding together" in answer and b"connection: close" in answer.lower()
 
 
 def test_concurrent_clients_get_their_own_answers_in_shared_batches(url):
@@ -95,26 +156,235 @@ def test_concurrent_clients_get_their_own_answers_in_shared_batches(url):
     assert [a.json()["label"] for a in answers[:8]] == [e["label"] for e in expected]
 
 
-def test_server_with_a_broken_checkpoint_stays_up(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    with running_server(tmp_path, *SERVER_ARGS) as base:
-        r = httpx.get(base + "/health")
-        assert r.status_code == 503  # not ready, and the body says why
-        h = r.json()
-        assert h["model_loaded"] is False and "has no model.safetensors" in h["error"]
-        r = httpx.post(base + "/predict", json={"text": "hello"})
-        assert r.status_code == 503 and "model not loaded" in r.json()["detail"]
+def test_the_model_file_changing_under_the_server_changes_nothing(server, served):
+    "Another model written over model.safetensors, then the file truncated: same answers, same version, still up."
+    weights, saved = served / "model.safetensors", (served / "model.safetensors").read_bytes()
+    ask = lambda: httpx.post(server.url + "/predict/batch", json={"texts": PROBE_TEXTS[:8]}, timeout=60)
+    before, version = ask().json(), httpx.get(server.url + "/health").json()["model_version"]
+    try:
+        safetensors.torch.save_file(build_classifier(OFFLINE_ENCODER, seed=1).state_dict(), weights)
+        assert ask().json() == before
+        weights.write_bytes(saved[:1000])  # truncated in place: a memory-mapped model would die with SIGBUS
+        r = ask()
+        assert (r.status_code, r.json()) == (200, before)
+        assert httpx.get(server.url + "/health").json()["model_version"] == version
+        assert server.process.poll() is None
+    finally:
+        weights.write_bytes(saved)
 
 
-def test_cli_help_and_bad_settings():
+def _closed_after(url: str, send_first: bytes, trickle: bytes = b"", every: float = 0.25) -> tuple[float, bytes]:
+    "Connect, send `send_first`, then `trickle` every `every` s until the server closes: (seconds, what it answered)."
+    with socket.create_connection(_address(url), timeout=15) as s:
+        s.sendall(send_first)
+        started, answer = time.monotonic(), b""
+        s.settimeout(every)
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                if trickle:
+                    try:
+                        s.sendall(trickle)
+                    except OSError:
+                        break
+                if time.monotonic() - started > 15:
+                    raise AssertionError("the connection was never closed") from None
+                continue
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+        return time.monotonic() - started, answer
+
+
+def test_slow_and_silent_clients_are_closed_within_their_timeouts(url):
+    "Slowloris headers, a slow body, a silent connection and an idle keep-alive one, side by side."
+    cases = {
+        "silent": (b"", b""),
+        "slow headers": (b"GET /health HTTP/1.1\r\nHost: x\r\n", b"X-Slow: 1\r\n"),
+        "slow body": (
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+            b" ",
+        ),
+        "idle keep-alive": (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", b""),
+    }
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        done = {name: pool.submit(_closed_after, url, *case) for name, case in cases.items()}
+        results = {name: f.result() for name, f in done.items()}
+    slack = 1.5  # a busy 2-core machine
+    for name in ("silent", "slow headers"):
+        seconds, answer = results[name]
+        assert HEADER_TIMEOUT - 0.1 < seconds < HEADER_TIMEOUT + slack, (name, seconds)
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout"), (name, answer[:100])
+    seconds, answer = results["slow body"]
+    assert BODY_TIMEOUT - 0.1 < seconds < BODY_TIMEOUT + slack, seconds
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout") and b"did not arrive in time" in answer, answer[:200]
+    seconds, answer = results["idle keep-alive"]
+    assert answer.startswith(b"HTTP/1.1 200") and KEEP_ALIVE - 0.1 < seconds < KEEP_ALIVE + slack, seconds
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads resident memory from /proc")
+def test_memory_stays_bounded_under_1000_connections_with_partial_bodies(server):
+    """1,000 connections each announce a body of MAX_BODY bytes, send all of it but the last 10 bytes, and wait. At
+    most MAX_CONNECTIONS of them get to the app (the others: 503 at once), so the bodies held in memory are at most
+    MAX_CONNECTIONS x MAX_BODY (16 MiB here, 100 MiB with the defaults), whatever the clients do."""
+    pid, n = server.process.pid, 1000
+    before, peak, stop = _rss_mib(pid), [0.0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_mib(pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    head = (
+        f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {MAX_BODY}\r\n\r\n"
+    ).encode()
+    body, socks, statuses = b'{"text": "' + b"x" * (MAX_BODY - 20), [], collections.Counter()
+    try:
+        for _ in range(n):
+            s = socket.create_connection(_address(server.url), timeout=10)
+            s.setblocking(False)
+            try:
+                s.send(head + body)  # as much as the socket takes now
+            except OSError:
+                pass
+            socks.append(s)
+        time.sleep(1.0)  # < BODY_TIMEOUT: the connections that got to the app still hold their partial bodies
+        for s in socks:
+            try:
+                statuses[s.recv(12)[9:12].decode() or "open"] += 1
+            except BlockingIOError:
+                statuses["open"] += 1
+            except OSError:
+                statuses["reset"] += 1
+    finally:
+        for s in socks:
+            s.close()
+        stop.set()
+        sampler.join()
+    grown = peak[0] - before
+    print(f"resident memory {before:.0f} MiB -> peak {peak[0]:.0f} MiB (+{grown:.0f}); {dict(statuses)}")
+    assert statuses["503"] > n // 2  # beyond the connection limit: refused at once, the body never read
+    bound = 2 * MAX_CONNECTIONS * MAX_BODY / 2**20 + 48  # the bodies (each held twice at most) + the server's own churn
+    assert grown < bound, f"resident memory grew by {grown:.0f} MiB, more than {bound:.0f}"
+    deadline = time.monotonic() + 10
+    while httpx.get(server.url + "/health").status_code != 200:  # and it serves again once they are gone
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert httpx.post(server.url + "/predict", json={"text": "still here"}).status_code == 200
+
+
+def test_every_request_is_logged_with_its_status(server):
+    "The access log has every answer, refusals included, and the 408 of a client too slow to get one."
+    marker = f"/health?mark={time.monotonic()}"
+    httpx.get(server.url + marker)
+    httpx.post(server.url + "/predict", json={"text": ""})
+    httpx.post(server.url + "/predict", content=b"{}", headers={"content-type": "text/plain"})
+    httpx.post(server.url + "/predict", content=b"x" * (MAX_BODY + 1), headers={"content-type": "application/json"})
+    _closed_after(server.url, b"")  # silent: 408 after HEADER_TIMEOUT
+    time.sleep(0.2)
+    log = server.log()
+    new = log[log.index(marker) :]
+    for line in ('"POST /predict HTTP/1.1" 422', '"POST /predict HTTP/1.1" 415', '"POST /predict HTTP/1.1" 413'):
+        assert line in new, line
+    assert "408 Request Timeout: the request's headers did not arrive within 1 s" in new
+    assert "Traceback" not in log and "Exception in ASGI application" not in log
+
+
+async def _hammer(url: str, clients: int, statuses: collections.Counter):
+    "`clients` keep-alive clients posting one text after the other until the server's port is closed."
+    host, port = _address(url)
+    body = json.dumps({"text": "Oil prices climb as stocks slide on Wall Street"}).encode()
+    request = (
+        f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+    async def client():
+        reader = writer = None
+        while True:
+            try:
+                if writer is None:
+                    reader, writer = await asyncio.open_connection(host, port)
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head.split(b" ", 2)[1])
+                length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:"))[15:])
+                await reader.readexactly(length)
+                statuses[status] += 1
+                if b"connection: close" in head.lower():
+                    writer.close()
+                    writer = None
+            except ConnectionRefusedError:  # the port is closed: the server has stopped accepting
+                statuses["refused"] += 1
+                return
+            except (ConnectionError, asyncio.IncompleteReadError):  # closed after an answer: connect again
+                statuses["closed"] += 1
+                writer = None
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+
+
+def test_sigterm_under_load_answers_every_request_without_a_500(checkpoint):
+    "32 clients in a loop; SIGTERM; every request gets 200 or 503 (or finds the port closed); the server exits cleanly."
+    args = ("--threads", "1", "--dtype", "fp32", "--device", "cpu", "--queue-limit", "64", "--shutdown-timeout-s", "2")
+    with started_server(checkpoint, *args) as server:
+        statuses = collections.Counter()
+
+        async def scenario():
+            load = asyncio.ensure_future(_hammer(server.url, 32, statuses))
+            await asyncio.sleep(1.5)
+            before = dict(statuses)
+            server.process.send_signal(signal.SIGTERM)  # what `docker stop` and Kubernetes do
+            await asyncio.wait_for(load, 30)
+            return before
+
+        before = asyncio.run(scenario())
+        code = server.process.wait(30)
+        log = server.log()
+    print(f"before SIGTERM {before}; in all {dict(statuses)}; exit code {code}")
+    assert before.get(200, 0) > 10 and statuses["refused"] == 32  # each client ends when it finds the port closed
+    assert set(statuses) <= {200, 503, "refused", "closed"}, statuses
+    assert code in (0, -signal.SIGTERM)  # uvicorn ends by re-raising the signal it handled
+    assert "Application shutdown complete" in log and "Exception in ASGI application" not in log, log[-3000:]
+    assert "Traceback" not in log
+
+
+def test_cli_help_bad_settings_and_a_checkpoint_it_cannot_serve(tmp_path, checkpoint):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     out = subprocess.run([sys.executable, "-m", "distrinews.serve", "--help"], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and "--checkpoint" in out.stdout and "--no-batching" in out.stdout
     assert "--batch-wait-ms" in out.stdout and "DISTRINEWS_BATCH_WAIT_MS" in out.stdout  # made from ServeSettings
+    assert "--header-timeout-s" in out.stdout and "--max-connections" in out.stdout
     out = subprocess.run(
         [sys.executable, "-m", "distrinews.serve", "--batch-wait-ms", "-5"], capture_output=True, text=True, env=env
     )
     assert out.returncode == 2 and "batch_wait_ms" in out.stderr and "Traceback" not in out.stderr
+    bad = shutil.copytree(checkpoint, tmp_path / "llama")
+    (bad / "config.json").write_text(
+        json.dumps({**json.loads((bad / "config.json").read_text()), "model_type": "llama"})
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "distrinews.serve", "--checkpoint", str(bad), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "distrinews-serve: error:" in out.stderr and "LlamaForSequenceClassification" in out.stderr
 
 
 @pytest.mark.skipif(

@@ -1,26 +1,34 @@
-"""Inference and API tests that need no network: safe checkpoint loading, bf16 choice, micro-batching, every route and
-every bad input through FastAPI's TestClient, and a server without a model. (The deployment files: test_deployment.py.)"""
+"""Inference and API tests that need no network: safe and strict checkpoint loading, weights held in memory, bf16
+choice, micro-batching, every route and every bad input through FastAPI's TestClient, a server without a model, a
+client that leaves, and shutdown. (The real server over HTTP: test_server_http.py; deployment: test_deployment.py.)"""
 
+import asyncio
 import copy
 import json
+import logging
+import math
+import shutil
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 from fastapi.testclient import TestClient
 
 from distrinews import inference
 from distrinews.inference import (
+    PROBE_TEXTS,
     InvalidCheckpointError,
     MicroBatcher,
     choose_dtype,
     convert_reference_checkpoint,
     load_classifier,
+    weights_digest,
 )
 from distrinews.model import LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, build_classifier, load_tokenizer, predict
-from distrinews.serve import ServeSettings, create_app
+from distrinews.serve import ServeSettings, begin_shutdown, create_app, main
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +135,108 @@ def test_corrupt_weights_are_a_clear_error(tmp_path, checkpoint):
         load_classifier(broken)
 
 
+def _variant(base: Path, checkpoint: Path, edit_state=None, edit_config=None) -> Path:
+    "A copy of `checkpoint` in `base` with its weights and/or config.json edited."
+    out = base / "variant"
+    shutil.copytree(checkpoint, out)
+    if edit_state:
+        state = safetensors.torch.load((out / "model.safetensors").read_bytes())
+        safetensors.torch.save_file(edit_state(state), out / "model.safetensors")
+    if edit_config:
+        config = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps(edit_config(config)))
+    return out
+
+
+def _set(name, value):
+    return lambda s: {**s, name: torch.full_like(s[name], value)}
+
+
+NOT_THE_CLASSIFIER = {
+    "classifier tensors missing": (
+        dict(edit_state=lambda s: {k: v for k, v in s.items() if not k.startswith("classifier.")}),
+        "2 of its 105 tensors are missing (classifier.weight, classifier.bias)",
+    ),
+    "only the classifier tensors": (
+        dict(edit_state=lambda s: {k: v for k, v in s.items() if k.startswith("classifier.")}),
+        "103 of its 105 tensors are missing",
+    ),
+    "one encoder tensor missing": (
+        dict(edit_state=lambda s: {k: v for k, v in s.items() if k != "bert.pooler.dense.bias"}),
+        "1 of its 105 tensors are missing (bert.pooler.dense.bias)",
+    ),
+    "a tensor of another shape": (
+        dict(edit_state=lambda s: {**s, "classifier.bias": torch.zeros(5)}),
+        "classifier.bias (5,), not (4,)",
+    ),
+    "an extra tensor": (
+        dict(edit_state=lambda s: {**s, "lm_head.weight": torch.zeros(2, 2)}),
+        "1 tensors are not part of it (lm_head.weight)",
+    ),
+    "config says llama": (
+        dict(edit_config=lambda c: {**c, "model_type": "llama"}),
+        "not those of the LlamaForSequenceClassification its config.json describes (model_type 'llama')",
+    ),
+    "config of an unknown architecture": (
+        dict(edit_config=lambda c: {**c, "model_type": "no-such-model"}),
+        "no-such-model",
+    ),
+    "labels of another task": (
+        dict(edit_config=lambda c: {**c, "id2label": {"0": "NEGATIVE", "1": "POSITIVE"}}),
+        "labels its 2 outputs ['NEGATIVE', 'POSITIVE'], not ['World', 'Sports', 'Business', 'Sci/Tech']",
+    ),
+    "labels in another order": (
+        dict(edit_config=lambda c: {**c, "id2label": {"0": "Sports", "1": "World", "2": "Business", "3": "Sci/Tech"}}),
+        "labels its 4 outputs ['Sports', 'World', 'Business', 'Sci/Tech']",
+    ),
+    "NaN in the classifier bias": (
+        dict(edit_state=_set("classifier.bias", math.nan)),
+        "1 weight tensors hold NaN or Inf values (classifier.bias)",
+    ),
+    "Inf in an encoder weight": (
+        dict(edit_state=_set("bert.encoder.layer.0.output.dense.weight", math.inf)),
+        "hold NaN or Inf values (bert.encoder.layer.0.output.dense.weight)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_THE_CLASSIFIER))
+def test_a_checkpoint_that_is_not_the_classifier_is_refused(tmp_path, checkpoint, name, capsys):
+    "Refused by the loader; the app is not ready and says why (no absolute path); the CLI exits 1 with the same reason."
+    edits, message = NOT_THE_CLASSIFIER[name]
+    bad = _variant(tmp_path, checkpoint, **edits)
+    with pytest.raises(InvalidCheckpointError) as refused:
+        load_classifier(bad, device="cpu", dtype="fp32")
+    assert message in str(refused.value)
+    with TestClient(create_app(ServeSettings(checkpoint=bad, **SMALL))) as c:
+        h = c.get("/health")
+        assert h.status_code == 503 and h.json()["status"] == "unavailable" and message in h.json()["error"]
+        r = c.post("/predict", json={"text": "Oil prices climb"})
+        assert r.status_code == 503 and message in r.json()["detail"]
+        assert str(tmp_path) not in h.text + r.text  # the folder by its name, not where it lies on the server's disk
+    with pytest.raises(SystemExit) as stopped:
+        main(["--checkpoint", str(bad), "--device", "cpu", "--dtype", "fp32"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and err.startswith("distrinews-serve: error: ") and message in err
+    assert "Traceback" not in err
+
+
+def test_weights_are_held_in_memory(tmp_path, checkpoint):
+    "Writing another model over the loaded file, or truncating it, changes nothing the loaded classifier answers."
+    served = tmp_path / "served"
+    shutil.copytree(checkpoint, served)
+    clf = load_classifier(served, device="cpu", dtype="fp32")
+    before = clf.predict_batch(PROBE_TEXTS)
+    assert clf.version == weights_digest(served)
+    safetensors.torch.save_file(build_classifier(OFFLINE_ENCODER, seed=1).state_dict(), served / "model.safetensors")
+    assert load_classifier(served, device="cpu", dtype="fp32").predict_batch(PROBE_TEXTS) != before  # it differs...
+    assert clf.predict_batch(PROBE_TEXTS) == before  # ...but not for the classifier loaded before
+    (served / "model.safetensors").write_bytes(b"\0" * 100)  # truncated: a memory-mapped model would die (SIGBUS)
+    assert clf.predict_batch(PROBE_TEXTS) == before
+    with pytest.raises(InvalidCheckpointError, match="is not a valid safetensors file"):
+        load_classifier(served)
+
+
 def test_payload_is_real(tmp_path):
     "The payload below does run under a plain pickle load: the safety tests that follow are meaningful."
     marker = tmp_path / "ran.txt"
@@ -190,7 +300,7 @@ def test_reference_checkpoint_converts_with_same_predictions(tmp_path):
 
 
 def test_reference_distilbert_checkpoint_loads_offline(tmp_path):
-    "The reference design's own case: model_name distilbert-base-uncased, not downloadable here; all weights come from the file."
+    "The reference design's own case: distilbert-base-uncased, not downloadable here; every weight comes from the file."
     model = build_classifier(RANDOM_DISTILBERT, seed=5).eval()
     torch.save(
         {
@@ -296,7 +406,16 @@ def test_health(client):
     h = client.get("/health").json()
     assert (h["status"], h["model_loaded"], h["device"], h["dtype"], h["error"]) == ("ok", True, "cpu", "fp32", None)
     assert h["model_name"] == "demo-untrained" and len(h["model_version"]) == 12 and h["labels"] == LABELS
-    assert h["limits"] == {"max_text_chars": 200, "max_batch_size": 4, "max_body_bytes": 2048, "queue_limit": 16}
+    assert h["limits"] == {
+        "max_text_chars": 200,
+        "max_batch_size": 4,
+        "max_body_bytes": 2048,
+        "queue_limit": 16,
+        "max_connections": 100,
+        "header_timeout_s": 10,
+        "body_timeout_s": 30,
+        "keep_alive_s": 5,
+    }
     assert h["batching"]["enabled"] is True and h["batching"]["max_size"] == 32
 
 
@@ -361,9 +480,17 @@ BAD_INPUTS = {
         "post",
         "/predict",
         dict(content=b"text=hello", headers={"content-type": "text/plain"}),
-        422,
-        "body",
+        415,
+        "Content-Type must be application/json, not 'text/plain'",
     ),
+    "form-encoded (curl -d without -H)": (
+        "post",
+        "/predict/batch",
+        dict(content=b'{"texts": ["a"]}', headers={"content-type": "application/x-www-form-urlencoded"}),
+        415,
+        "not 'application/x-www-form-urlencoded'",
+    ),
+    "no Content-Type": ("post", "/predict", dict(content=b'{"text": "a"}'), 415, "not ''"),
     # announced by Content-Length: Starlette answers before reading the body, with its own plain text
     "body over the byte limit": ("post", "/predict", dict(json={"text": "y" * 3000}), 413, "Content Too Large"),
     "chunked body over the limit": (
@@ -381,6 +508,7 @@ BAD_INPUTS = {
         "not valid UTF-8",
     ),
     "unknown route": ("get", "/predict/now", {}, 404, "Not Found"),
+    "trailing slash (no redirect)": ("get", "/health/", {}, 404, "Not Found"),
     "unknown route (POST)": ("post", "/classify", dict(json={"text": "a"}), 404, "Not Found"),
     "GET on a POST route": ("get", "/predict", {}, 405, "Method Not Allowed"),
     "DELETE on /health": ("delete", "/health", {}, 405, "Method Not Allowed"),
@@ -393,6 +521,7 @@ def test_bad_input_is_a_clear_4xx(client, name):
     method, path, kwargs, status, fragment = BAD_INPUTS[name]
     r = getattr(client, method)(path, **kwargs) if method != "delete" else client.delete(path)
     assert r.status_code == status, r.text
+    assert r.headers["x-content-type-options"] == "nosniff"
     if name == "body over the byte limit":  # the one answer that is not our JSON
         assert r.headers["content-type"].startswith("text/plain") and r.text == fragment
         return
@@ -400,6 +529,13 @@ def test_bad_input_is_a_clear_4xx(client, name):
     detail = r.json()["detail"]
     assert fragment.lower() in json.dumps(detail).lower(), detail
     assert "Traceback" not in r.text
+
+
+def test_head_health_and_nosniff(client):
+    r = client.head("/health")
+    assert (r.status_code, r.content) == (200, b"")
+    assert client.get("/").headers["x-content-type-options"] == "nosniff"
+    assert "head" not in client.get("/openapi.json").json()["paths"]["/health"]
 
 
 def test_settings_come_from_the_environment(checkpoint, monkeypatch, classifier):
@@ -430,6 +566,8 @@ def test_server_without_a_model_stays_up_and_says_why(tmp_path, setup, reason):
         assert (h.json()["status"], h.json()["model_loaded"]) == ("unavailable", False) and reason in h.json()["error"]
         for r in (c.post("/predict", json={"text": "hello"}), c.post("/predict/batch", json={"texts": ["hello"]})):
             assert r.status_code == 503 and "model not loaded" in r.json()["detail"] and reason in r.json()["detail"]
+            assert str(tmp_path) not in r.text and str(tmp_path) not in h.text
+        assert c.head("/health").status_code == 503
         assert c.get("/").status_code == 200  # the demo page still renders
         assert c.post("/predict", json={"text": ""}).status_code == 422  # bad input is still the client's fault
 
@@ -504,3 +642,80 @@ def test_full_queue_answers_503_with_retry_after(classifier):
         clf.release.set()
         assert len(waiting.result(30)) == 4 and running.result(30)
         assert c.post("/predict", json={"text": "after the rush"}).status_code == 200
+
+
+# ---------------------------------------------------------------- clients that leave, and shutdown
+
+
+async def _asgi_post(app, path: str, body: dict, leave: asyncio.Event) -> list[dict]:
+    "POST `body` straight into the ASGI app; the client disconnects once `leave` is set. The messages the app sent."
+    sent, pending = [], [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+
+    async def receive():
+        if pending:
+            return pending.pop()
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json"), (b"host", b"test")]
+    scope = dict(
+        type="http", asgi={"version": "3.0"}, http_version="1.1", method="POST", scheme="http", path=path,
+        raw_path=path.encode(), query_string=b"", root_path="", headers=headers, client=("127.0.0.1", 5000),
+        server=("test", 80),
+    )  # fmt: skip
+    await app(scope, receive, send)
+    return sent
+
+
+def test_an_abandoned_request_is_not_computed(classifier, caplog):
+    "A client that disconnects while its request waits in the queue: dropped before the forward pass, and logged."
+    clf = _blocking(classifier)
+    with TestClient(create_app(ServeSettings(**SMALL), classifier=clf)) as c:
+        batcher = c.app.state.batcher
+        running = batcher.submit(["occupies the worker"])
+        assert clf.entered.wait(10)
+
+        async def scenario():
+            leave = asyncio.Event()
+            call = asyncio.ensure_future(_asgi_post(c.app, "/predict", {"text": "a client that leaves"}, leave))
+            while batcher.queued == 0:  # its text is in the queue
+                await asyncio.sleep(0.005)
+            leave.set()
+            return await asyncio.wait_for(call, 10)
+
+        with caplog.at_level(logging.INFO, logger="distrinews.serve"):
+            sent = asyncio.run(scenario())
+        assert sent[0]["status"] == 499 and batcher.queued == 0
+        clf.release.set()
+        running.result(10)
+        c.post("/predict", json={"text": "after"})  # the worker has gone past the abandoned job
+        assert batcher.stats["cancelled"] == 1
+    assert clf.sizes == [1, 1]  # the blocker, then "after": the abandoned text never reached the model
+    assert any("499 client disconnected; its 1 text(s) dropped before their forward pass" in m for m in caplog.messages)
+
+
+def test_shutdown_refuses_new_work_and_finishes_or_refuses_queued(classifier):
+    "After SIGTERM (begin_shutdown): not ready, new requests 503; queued texts run for half the shutdown time, then 503"
+    clf = _blocking(classifier)
+    settings = ServeSettings(**{**SMALL, "shutdown_timeout_s": 0.2, "retry_after_s": 2})
+    with TestClient(create_app(settings, classifier=clf)) as c:
+        batcher = c.app.state.batcher
+        running = batcher.submit(["occupies the worker"])
+        assert clf.entered.wait(10)
+        results = {}
+        waiting = threading.Thread(target=lambda: results.update(r=c.post("/predict", json={"text": "queued"})))
+        waiting.start()
+        _wait_until(lambda: batcher.queued == 1)
+        begin_shutdown(c.app)
+        h = c.get("/health")
+        assert h.status_code == 503 and h.json()["error"] == "server is shutting down" and h.json()["model_loaded"]
+        r = c.post("/predict", json={"text": "new"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "2" and "shutting down" in r.json()["detail"]
+        waiting.join(10)  # the drain time (0.1 s) passes while the forward pass still runs: the queued text is refused
+        assert results["r"].status_code == 503 and "shutting down" in results["r"].json()["detail"]
+        clf.release.set()
+        assert running.result(10)
+    assert clf.sizes == [1]
