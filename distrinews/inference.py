@@ -265,14 +265,20 @@ def _weight_files(path: Path) -> list[Path]:
 
 def read_weights(path: str | os.PathLike, n: int = 12) -> tuple[dict[str, torch.Tensor], str]:
     """Every tensor in the checkpoint's safetensors file(s), read into memory, and a short sha256 of exactly the bytes
-    that were read: the model version."""
+    that were read: the model version. Where training left a `manifest.json`, the bytes must match it."""
     path, h, state = Path(path), hashlib.sha256(), {}
+    sealed = _read_json(path / "manifest.json").get("files")  # the SHA-256 of each file, as training wrote it
     for f in _weight_files(path):
         try:
             data = f.read_bytes()  # the whole file, once: later changes to it cannot reach the served model
         except OSError as e:
             raise InvalidCheckpointError(f"Could not read {f}: {e.strerror}.") from None
         h.update(data)
+        if isinstance(sealed, dict) and sealed.get(f.name) and hashlib.sha256(data).hexdigest() != sealed[f.name]:
+            raise InvalidCheckpointError(
+                f"{f} is not the file training wrote: its SHA-256 differs from the one in manifest.json (a partial "
+                "copy, a damaged disk, another run writing into the folder). Serve an intact copy."
+            )
         try:
             state.update(safetensors.torch.load(data))  # tensors that own their memory, not a view of the file
         except Exception as e:  # truncated, or not safetensors at all

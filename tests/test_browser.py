@@ -17,6 +17,8 @@ from conftest import running_server
 
 from distrinews.model import LABELS
 
+pytestmark = pytest.mark.slow
+
 ARGS = [
     "--headless",
     "--no-sandbox",

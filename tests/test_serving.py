@@ -237,6 +237,19 @@ def test_weights_are_held_in_memory(tmp_path, checkpoint):
         load_classifier(served)
 
 
+def test_a_manifest_is_checked_where_training_wrote_one(tmp_path, checkpoint):
+    "manifest.json (written by distrinews-train) records each file's SHA-256: weights that differ are refused."
+    import hashlib
+
+    sealed = shutil.copytree(checkpoint, tmp_path / "sealed")
+    digest = hashlib.sha256((sealed / "model.safetensors").read_bytes()).hexdigest()
+    (sealed / "manifest.json").write_text(json.dumps({"files": {"model.safetensors": digest}}))
+    assert load_classifier(sealed, device="cpu", dtype="fp32").version == digest[:12]
+    (sealed / "manifest.json").write_text(json.dumps({"files": {"model.safetensors": "0" * 64}}))
+    with pytest.raises(InvalidCheckpointError, match="differs from the one in manifest.json"):
+        load_classifier(sealed, device="cpu", dtype="fp32")
+
+
 def test_payload_is_real(tmp_path):
     "The payload below does run under a plain pickle load: the safety tests that follow are meaningful."
     marker = tmp_path / "ran.txt"
