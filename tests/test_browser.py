@@ -1,5 +1,6 @@
 """The demo page in a real headless browser: Debian's chromium driven by Playwright, against the real server.
-Needs `apt-get install -y chromium` and `pip install playwright` (no `playwright install`: we use the system browser)."""
+Needs `apt-get install -y chromium` and `pip install playwright` (no `playwright install`: it uses the system
+browser)."""
 
 import os
 from pathlib import Path
@@ -13,9 +14,9 @@ if not Path(CHROMIUM).exists():
     )
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
 
-from conftest import running_server
+from conftest import running_server  # noqa: E402   (after the skips above)
 
-from distrinews.model import LABELS
+from distrinews.model import LABELS  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
