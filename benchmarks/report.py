@@ -9,6 +9,7 @@ compares). The report states what was measured; the project's goals for these fi
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -273,7 +274,8 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
     for key in ddp_keys:
         md += ddp_section(key, R[key], R[ddp_keys[0]] if key != ddp_keys[0] else None)
         chart_ddp(R[key], out / f"{key}.png")
-    serving = sorted((r["settings"]["concurrency"], r) for k, r in R.items() if k.startswith("serving"))
+    # serving_c<clients>.json: micro-batching on vs off (other serving_* files compare something else)
+    serving = sorted((r["settings"]["concurrency"], r) for k, r in R.items() if re.fullmatch(r"serving_c\d+", k))
     if serving:
         md += [
             "## Serving: dynamic micro-batching on vs off",
