@@ -355,7 +355,7 @@ def build_strict(config, state: dict[str, torch.Tensor], where: str):
         )
     bad = nonfinite_tensors(state)
     if bad:
-        raise InvalidCheckpointError(f"{where}: {len(bad)} weight tensors hold NaN or Inf values ({_few(bad)}).")
+        raise InvalidCheckpointError(f"{where}: NaN or Inf values in {len(bad)} of its weight tensors ({_few(bad)}).")
     model = AutoModelForSequenceClassification.from_config(config)
     model.load_state_dict(state, strict=True)
     return model
@@ -470,7 +470,7 @@ def load_reference_checkpoint(pt_path: str | os.PathLike, base_model: str | None
         raise InvalidCheckpointError(f"{mismatch}: missing {missing[:5]}, unexpected {unexpected[:5]}. {fix}")
     bad = nonfinite_tensors(model.state_dict())
     if bad:
-        raise InvalidCheckpointError(f"{pt_path}: {len(bad)} weight tensors hold NaN or Inf values ({_few(bad)}).")
+        raise InvalidCheckpointError(f"{pt_path}: NaN or Inf values in {len(bad)} of its weight tensors ({_few(bad)}).")
     digest = hashlib.sha256(data).hexdigest()[:12]
     meta = dict(
         model_name=base,

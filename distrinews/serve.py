@@ -568,7 +568,6 @@ def main(argv: list[str] | None = None):
         settings = ServeSettings(**{k: v for k, v in args.items() if v is not None})  # strings: pydantic converts
     except ValidationError as e:
         parser.error("; ".join(f"{'.'.join(map(str, x['loc'])) or 'settings'}: {x['msg']}" for x in e.errors()))
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     if settings.checkpoint is None:
         parser.error("no checkpoint to serve: pass --checkpoint DIR or set DISTRINEWS_CHECKPOINT")
     if settings.num_threads:
@@ -580,6 +579,7 @@ def main(argv: list[str] | None = None):
     except (InvalidCheckpointError, ValueError, OSError) as e:
         print(f"distrinews-serve: error: {load_error(e, settings.checkpoint)}", file=sys.stderr)
         sys.exit(1)
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     protocol = type(
         "SlowClientGuard",
         (SlowClientGuard,),

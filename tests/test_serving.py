@@ -191,11 +191,11 @@ NOT_THE_CLASSIFIER = {
     ),
     "NaN in the classifier bias": (
         dict(edit_state=_set("classifier.bias", math.nan)),
-        "1 weight tensors hold NaN or Inf values (classifier.bias)",
+        "NaN or Inf values in 1 of its weight tensors (classifier.bias)",
     ),
     "Inf in an encoder weight": (
         dict(edit_state=_set("bert.encoder.layer.0.output.dense.weight", math.inf)),
-        "hold NaN or Inf values (bert.encoder.layer.0.output.dense.weight)",
+        "NaN or Inf values in 1 of its weight tensors (bert.encoder.layer.0.output.dense.weight)",
     ),
 }
 
