@@ -1,12 +1,13 @@
 """The real server: `python -m distrinews.serve` (the code behind `distrinews-serve`) under uvicorn on a free loopback
 port, called over HTTP and over raw sockets. One server serves the whole module (with deadlines short enough for a
-test to wait for); only the shutdown test starts its own, since it stops it. Also: a schemathesis run against its
-/openapi.json that must find no 5xx, the model file changed under the running server, slow and silent clients,
-1,000 connections holding partial bodies, and SIGTERM under load."""
+test to wait for); the last test stops it with SIGTERM under load (run alone, a test that comes after it gets a new
+one). Also: a schemathesis run against its /openapi.json that must find no 5xx, the model file changed under the
+running server, slow and silent clients, and 1,000 connections holding partial bodies."""
 
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import json
 import os
 import shutil
@@ -51,6 +52,10 @@ SERVER_ARGS = (
     str(BODY_TIMEOUT),
     "--keep-alive-s",
     str(KEEP_ALIVE),
+    "--shutdown-timeout-s",
+    "2",
+    "--batch-wait-ms",
+    "50",
 )
 SERVER_ENV = {"DISTRINEWS_MAX_BODY_BYTES": str(MAX_BODY), "DISTRINEWS_QUEUE_LIMIT": "64"}
 
@@ -62,12 +67,21 @@ def served(checkpoint, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(served):
-    with started_server(served, *SERVER_ARGS, "--batch-wait-ms", "50", env=SERVER_ENV) as s:
-        yield s
+def servers(served):
+    "The module's server, and a way to start another once a test has stopped it."
+    with contextlib.ExitStack() as stack:
+        start = lambda: stack.enter_context(started_server(served, *SERVER_ARGS, env=SERVER_ENV))
+        yield dict(current=start(), start=start)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def server(servers):
+    if servers["current"].process.poll() is not None:  # stopped by the SIGTERM test
+        servers["current"] = servers["start"]()
+    return servers["current"]
+
+
+@pytest.fixture
 def url(server):
     return server.url
 
@@ -303,65 +317,6 @@ def test_every_request_is_logged_with_its_status(server):
     assert "Traceback" not in log and "Exception in ASGI application" not in log
 
 
-async def _hammer(url: str, clients: int, statuses: collections.Counter):
-    "`clients` keep-alive clients posting one text after the other until the server's port is closed."
-    host, port = _address(url)
-    body = json.dumps({"text": "Oil prices climb as stocks slide on Wall Street"}).encode()
-    request = (
-        f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-    async def client():
-        reader = writer = None
-        while True:
-            try:
-                if writer is None:
-                    reader, writer = await asyncio.open_connection(host, port)
-                writer.write(request)
-                head = await reader.readuntil(b"\r\n\r\n")
-                status = int(head.split(b" ", 2)[1])
-                length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:"))[15:])
-                await reader.readexactly(length)
-                statuses[status] += 1
-                if b"connection: close" in head.lower():
-                    writer.close()
-                    writer = None
-            except ConnectionRefusedError:  # the port is closed: the server has stopped accepting
-                statuses["refused"] += 1
-                return
-            except (ConnectionError, asyncio.IncompleteReadError):  # closed after an answer: connect again
-                statuses["closed"] += 1
-                writer = None
-
-    await asyncio.gather(*(client() for _ in range(clients)))
-
-
-def test_sigterm_under_load_answers_every_request_without_a_500(checkpoint):
-    "32 clients in a loop; SIGTERM; every request gets 200 or 503 (or finds the port closed); the server exits cleanly."
-    args = ("--threads", "1", "--dtype", "fp32", "--device", "cpu", "--queue-limit", "64", "--shutdown-timeout-s", "2")
-    with started_server(checkpoint, *args) as server:
-        statuses = collections.Counter()
-
-        async def scenario():
-            load = asyncio.ensure_future(_hammer(server.url, 32, statuses))
-            await asyncio.sleep(1.5)
-            before = dict(statuses)
-            server.process.send_signal(signal.SIGTERM)  # what `docker stop` and Kubernetes do
-            await asyncio.wait_for(load, 30)
-            return before
-
-        before = asyncio.run(scenario())
-        code = server.process.wait(30)
-        log = server.log()
-    print(f"before SIGTERM {before}; in all {dict(statuses)}; exit code {code}")
-    assert before.get(200, 0) > 10 and statuses["refused"] == 32  # each client ends when it finds the port closed
-    assert set(statuses) <= {200, 503, "refused", "closed"}, statuses
-    assert code in (0, -signal.SIGTERM)  # uvicorn ends by re-raising the signal it handled
-    assert "Application shutdown complete" in log and "Exception in ASGI application" not in log, log[-3000:]
-    assert "Traceback" not in log
-
-
 def test_cli_help_bad_settings_and_a_checkpoint_it_cannot_serve(tmp_path, checkpoint):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     out = subprocess.run([sys.executable, "-m", "distrinews.serve", "--help"], capture_output=True, text=True, env=env)
@@ -435,3 +390,60 @@ def test_openapi_fuzzing_finds_no_server_errors(url):
             check()
     print(sorted(collections.Counter(seen).items()))
     assert len(seen) > 50 and {200, 422} <= set(seen)
+
+
+async def _hammer(url: str, clients: int, statuses: collections.Counter):
+    "`clients` keep-alive clients posting one text after the other until the server's port is closed."
+    host, port = _address(url)
+    body = json.dumps({"text": "Oil prices climb as stocks slide on Wall Street"}).encode()
+    request = (
+        f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+    async def client():
+        reader = writer = None
+        while True:
+            try:
+                if writer is None:
+                    reader, writer = await asyncio.open_connection(host, port)
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head.split(b" ", 2)[1])
+                length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:"))[15:])
+                await reader.readexactly(length)
+                statuses[status] += 1
+                if b"connection: close" in head.lower():
+                    writer.close()
+                    writer = None
+            except ConnectionRefusedError:  # the port is closed: the server has stopped accepting
+                statuses["refused"] += 1
+                return
+            except (ConnectionError, asyncio.IncompleteReadError):  # closed after an answer: connect again
+                statuses["closed"] += 1
+                writer = None
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+
+
+def test_sigterm_under_load_answers_every_request_without_a_500(server):
+    """32 clients in a loop; SIGTERM; every request gets 200 or 503 (or finds the port closed); a clean exit. It stops
+    the module's server: the last test of the module."""
+    statuses = collections.Counter()
+
+    async def scenario():
+        load = asyncio.ensure_future(_hammer(server.url, 32, statuses))
+        await asyncio.sleep(1.5)
+        before = dict(statuses)
+        server.process.send_signal(signal.SIGTERM)  # what `docker stop` and Kubernetes do
+        await asyncio.wait_for(load, 30)
+        return before
+
+    before = asyncio.run(scenario())
+    code, log = server.process.wait(30), server.log()
+    print(f"before SIGTERM {before}; in all {dict(statuses)}; exit code {code}")
+    assert before.get(200, 0) > 10 and statuses["refused"] == 32  # each client ends when it finds the port closed
+    assert set(statuses) <= {200, 503, "refused", "closed"}, statuses
+    assert code in (0, -signal.SIGTERM)  # uvicorn ends by re-raising the signal it handled
+    assert "Application shutdown complete" in log and "Exception in ASGI application" not in log, log[-3000:]
+    assert "Traceback" not in log
