@@ -132,7 +132,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 # %% ../nbs/04_ddp.ipynb #e9205ca4
 def register_comm_hook(ddp: DDP, name: str) -> str:
-    "Attach one of PyTorch's built-in DDP communication hooks by `name` (none | fp16 | bf16 | powersgd); returns what the banner says."
+    "Attach PyTorch's built-in DDP communication hook `name` (none|fp16|bf16|powersgd); returns the banner's words."
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if name == "none":
@@ -224,6 +224,8 @@ def replicas_in_sync(model, device=None) -> bool:
 # %% ../nbs/04_ddp.ipynb #024be7ce
 def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int = 1) -> int:
     "The per-rank batch that gives `global_batch_size` over `world_size` ranks and `grad_accum` micro-steps."
+    if global_batch_size < 1:
+        raise ValueError(f"global batch size must be >= 1, got {global_batch_size}.")
     if global_batch_size % (world_size * grad_accum):
         raise ValueError(
             f"global batch size {global_batch_size} is not divisible by world size {world_size} x gradient "
@@ -233,7 +235,7 @@ def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int
 
 # %% ../nbs/04_ddp.ipynb #e427a3af
 def simulated_crash(at_step: int, rank: int = 1) -> Callable:
-    "An `on_step_end` callback for the fault-tolerance demo: rank `rank` dies hard at `at_step`, on torchrun's first attempt only."
+    "An `on_step_end` callback for the fault demo: rank `rank` dies hard at `at_step`, on torchrun's first attempt."
 
     def crash(trainer):
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
@@ -253,10 +255,10 @@ def train_distributed(
     on_epoch_end: Callable | None = None,
     on_step_end: Callable | None = None,
 ):
-    "Train `cfg` on every rank of a torchrun (or Ray) job, or in one process; returns the trainer (rank 0 saved the checkpoint)."
+    "Train `cfg` on every rank of a torchrun (or Ray) job, or in one process; returns the trainer (rank 0 saved)."
     info = setup_distributed(backend, timeout_s)
     try:
-        if global_batch_size:
+        if global_batch_size is not None:
             cfg.batch_size = per_rank_batch_size(global_batch_size, info.world_size, cfg.grad_accum)
         trainer = run_training(cfg, resume, dist_info=info, on_epoch_end=on_epoch_end, on_step_end=on_step_end)
         in_sync = replicas_in_sync(trainer.model, info.device)

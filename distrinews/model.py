@@ -94,6 +94,9 @@ class RunConfig:
             )
         if self.eval_split == "validation" and self.validation_size < 1:
             raise ValueError("eval_split='validation' needs validation_size >= 1 (training rows to hold out).")
+        for name, (ok, allowed) in _RANGES.items():
+            if not ok(getattr(self, name)):  # NaN fails every comparison, so it is refused too
+                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} is out of range: it must be {allowed}.")
 
     @property
     def effective_batch_size(self):
@@ -101,6 +104,19 @@ class RunConfig:
 
 
 _FIELD_TYPES = typing.get_type_hints(RunConfig)  # the real types behind this module's string annotations
+_RANGES = {  # field: (the check, the allowed values in words)
+    "lr": (lambda v: 0 < v < float("inf"), "a finite number > 0"),
+    "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1] (the fraction of optimizer steps spent warming up)"),
+    "weight_decay": (lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
+    "max_grad_norm": (lambda v: 0 < v < float("inf"), "a finite number > 0 (gradients are clipped to this norm)"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "save_every": (lambda v: v >= 0, ">= 0 (0: a checkpoint at the end of each epoch only)"),
+    "validation_size": (lambda v: v >= 0, ">= 0"),
+    "train_size": (lambda v: v is None or v >= 1, ">= 1, or None for the whole split"),
+    "test_size": (lambda v: v is None or v >= 1, ">= 1, or None for the whole split"),
+    "dropout": (lambda v: v is None or 0 <= v < 1, "in [0, 1), or None for the model's own"),
+    "num_threads": (lambda v: v is None or v >= 1, ">= 1, or None for torch's default"),
+}
 
 PROFILES = {
     "smoke": dict(

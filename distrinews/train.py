@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import hashlib
 import json
 import math
 import os
@@ -25,12 +27,14 @@ from .data import build_dataloaders, data_source, loader_options
 from .model import LABELS, RunConfig, build_classifier, load_tokenizer
 
 # %% auto #0
-__all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'RESUMABLE_CHANGES', 'pick_device', 'native_bf16', 'pick_precision',
-           'make_grad_scaler', 'training_attention', 'use_training_attention', 'seed_everything', 'rng_state',
-           'set_rng_state', 'atomic_directory', 'write_json_atomic', 'CheckpointError', 'find_checkpoint',
-           'no_weights_progress_bar', 'save_checkpoint', 'load_training_state', 'check_resumable', 'layer_depth',
-           'make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'make_weight_average', 'Trainer',
-           'make_trainer', 'plot_history', 'run_training']
+__all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'pick_device',
+           'native_bf16', 'pick_precision', 'make_grad_scaler', 'training_attention', 'use_training_attention',
+           'seed_everything', 'rng_state', 'set_rng_state', 'atomic_directory', 'write_json_atomic', 'CheckpointError',
+           'file_sha256', 'write_manifest', 'verify_checkpoint', 'find_checkpoint', 'clean_checkpoint_leftovers',
+           'no_weights_progress_bar', 'CheckpointWriteError', 'describe_write_error', 'save_checkpoint',
+           'load_training_state', 'check_resumable', 'layer_depth', 'make_optimizer', 'make_scheduler',
+           'scaled_optimizer_step', 'make_weight_average', 'NonFiniteError', 'check_finite_weights',
+           'check_batches_per_rank', 'check_writable', 'Trainer', 'make_trainer', 'plot_history', 'run_training']
 
 # %% ../nbs/03_single_gpu.ipynb #dcb45a81
 def pick_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -44,7 +48,8 @@ def pick_device(device: str | torch.device | None = "auto") -> torch.device:
 
 
 def native_bf16(device: str | torch.device) -> bool:
-    "True when `device` computes in bfloat16 natively (an Ampere or newer GPU; a CPU with AVX512-BF16 or AMX). Elsewhere bf16 is emulated and slow."
+    """True when `device` computes in bfloat16 natively (an Ampere or newer GPU; a CPU with AVX512-BF16 or AMX).
+    Elsewhere bf16 is emulated and slow."""
     device = torch.device(device)
     # not torch.cuda.is_bf16_supported(): it also says True where bf16 is only emulated (a T4 is compute capability 7.5)
     if device.type == "cuda":
@@ -74,7 +79,7 @@ def pick_precision(precision: str, device: torch.device) -> str:
 
 
 def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
-    "Loss scaling for fp16 (its narrow range lets small gradients underflow); bf16 and fp32 need none (a disabled scaler is a no-op)."
+    "Loss scaling for fp16 (small gradients underflow its range); bf16 and fp32 need none (a disabled scaler: no-op)."
     return torch.amp.GradScaler(torch.device(device).type, enabled=precision == "fp16")
 
 
@@ -163,20 +168,93 @@ def write_json_atomic(path: str | os.PathLike, obj):
     os.replace(tmp, path)
 
 # %% ../nbs/03_single_gpu.ipynb #47d6310b
-STATE_FILE, CONFIG_FILE = "training_state.pt", "run_config.json"
+STATE_FILE, CONFIG_FILE, MANIFEST_FILE = "training_state.pt", "run_config.json", "manifest.json"
 
 
 class CheckpointError(ValueError):
     "A folder that is not a (resumable) DistriNews checkpoint, or one that does not match the run."
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    "The SHA-256 of a file's bytes, as hex."
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: str | os.PathLike) -> dict:
+    """Write `manifest.json` into `folder`: `{"files": {name: sha256}}` for every other file in it. Written last, it is
+    the checkpoint's seal: a folder without it was never finished."""
+    folder = Path(folder)
+    files = {
+        f.relative_to(folder).as_posix(): file_sha256(f)
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and f.name != MANIFEST_FILE
+    }
+    (folder / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1))
+    return files
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict:
+    """Check a checkpoint folder against its `manifest.json`: every file listed is there with the bytes it was written
+    with. Returns `{name: sha256}`; raises `CheckpointError` naming the first file that is missing or changed."""
+    path = Path(path)
+    manifest = path / MANIFEST_FILE
+    if not manifest.is_file():
+        raise CheckpointError(
+            f"{path} has no {MANIFEST_FILE} (it is written last, so the save that made this folder did not finish, or "
+            "an older version wrote it): it cannot be trusted. Start over with --fresh, or another --output-dir."
+        )
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{manifest} is damaged ({type(e).__name__}: {e}).") from e
+    for name, expected in files.items():
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path / name} is missing: the checkpoint is incomplete (its manifest lists it).")
+        if file_sha256(path / name) != expected:
+            raise CheckpointError(
+                f"{path / name} is corrupted: its SHA-256 differs from the one in {MANIFEST_FILE}, so its bytes "
+                "changed after it was written (a damaged disk, a partial copy, an edit). Restore it, or start over "
+                "with --fresh."
+            )
+    return files
+
+
+def _complete(folder: Path) -> bool:
+    try:
+        verify_checkpoint(folder)
+        return True
+    except CheckpointError:
+        return False
+
+
 def find_checkpoint(path: str | os.PathLike) -> Path | None:
-    "The checkpoint folder at `path` (or the copy a crash mid-rename left beside it); None if there is none."
+    """The checkpoint folder at `path`, or, if a crash between a save's two renames lost it, the newest *complete* copy
+    left beside it (`.checkpoint.old-<pid>`, checked against its manifest); None if there is none."""
     path = Path(path)
     if path.exists():
         return path
-    leftovers = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
-    return leftovers[-1] if leftovers else None
+    leftovers = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return next((p for p in leftovers if _complete(p)), None)
+
+
+def clean_checkpoint_leftovers(path: str | os.PathLike, log=print) -> list[Path]:
+    """Remove what interrupted saves left beside checkpoint `path`: half-written `.tmp-*` folders and `.old-*` copies.
+    If `path` itself is gone, the newest complete `.old-*` copy is first renamed back into place. Run it when no
+    process is writing (at the start of a run); returns the folders removed."""
+    path = Path(path)
+    if not path.exists() and (keep := find_checkpoint(path)) is not None:
+        os.replace(keep, path)
+        log(f"restored {path} from {keep.name}, the copy an interrupted save left")
+    removed = sorted(path.parent.glob(f".{path.name}.tmp-*")) + sorted(path.parent.glob(f".{path.name}.old-*"))
+    for stale in removed:
+        size = sum(f.stat().st_size for f in stale.rglob("*") if f.is_file()) / 1e6
+        shutil.rmtree(stale, ignore_errors=True)
+        log(f"removed {stale.name} ({size:.0f} MB), left by an interrupted save")
+    return removed
 
 
 @contextlib.contextmanager
@@ -194,19 +272,51 @@ def no_weights_progress_bar():
         hf_logging.enable_progress_bar()
 
 
+class CheckpointWriteError(RuntimeError):
+    "A checkpoint could not be written (disk full, no permission): the message names the file and the cause."
+
+
+def describe_write_error(file: Path, error: BaseException) -> str:
+    "A one-line account of why writing `file` failed, naming the cause (disk full, not writable) when it is known."
+    folder = next((p for p in Path(file).parents if p.exists()), Path("."))
+    free = shutil.disk_usage(folder).free
+    # torch.save reports a full disk as "enforce fail at inline_container.cc ... unexpected pos": ask the disk itself
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error) or free < 16 * 2**20:
+        cause = f"the disk is full ({free / 2**20:.0f} MiB free on the device of {folder}): free some space"
+    elif getattr(error, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+        cause = f"{folder} is not writable ({error.strerror}): choose another --output-dir"
+    else:
+        cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return f"Could not write {file}: {cause}."
+
+
 def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None):
-    "Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically."
+    """Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically, sealed by a
+    `manifest.json` of every file's SHA-256, written last."""
     with atomic_directory(path) as tmp, no_weights_progress_bar():
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
-        if state is not None:
-            torch.save(state, tmp / STATE_FILE)
+        steps = [
+            ("model.safetensors", lambda: model.save_pretrained(tmp)),
+            ("tokenizer files", lambda: tokenizer.save_pretrained(tmp)),
+            (CONFIG_FILE, lambda: (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))),
+            *([(STATE_FILE, lambda: torch.save(state, tmp / STATE_FILE))] if state is not None else []),
+            (MANIFEST_FILE, lambda: write_manifest(tmp)),
+        ]
+        for name, write in steps:
+            try:
+                write()
+            except (OSError, RuntimeError) as e:
+                raise CheckpointWriteError(describe_write_error(Path(path) / name, e)) from e
     return Path(path)
 
 
-def load_training_state(path) -> tuple[dict, dict]:
-    "The training state and run config saved in checkpoint folder `path` (safe: `weights_only=True`)."
+# what a training state holds; a file without one of these was not written by this trainer
+STATE_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "batches_done", "step", "rng")
+
+
+def load_training_state(path, map_location: str | torch.device = "cpu") -> tuple[dict, dict]:
+    """The training state and run config saved in checkpoint folder `path` (safe: `weights_only=True`). Tensors load
+    onto `map_location`: the CPU by default, whichever device wrote them (a GPU rank must not load rank 0's tensors
+    onto GPU 0); `load_state_dict` then moves the optimizer's state next to this rank's parameters."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"Checkpoint {path} does not exist or is not a folder.")
@@ -216,7 +326,21 @@ def load_training_state(path) -> tuple[dict, dict]:
             f"{path} is not a resumable DistriNews checkpoint: missing {', '.join(missing)}. Point "
             "--output-dir at a run folder written by distrinews-train, or start fresh with --fresh."
         )
-    return torch.load(path / STATE_FILE, weights_only=True), json.loads((path / CONFIG_FILE).read_text())
+    try:
+        state = torch.load(path / STATE_FILE, weights_only=True, map_location=map_location)
+    except Exception as e:  # a truncated or foreign file: pickle, zip and EOF errors of every kind
+        raise CheckpointError(
+            f"{path / STATE_FILE} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]}): it is damaged "
+            "or was not written by distrinews-train. Start over with --fresh."
+        ) from e
+    absent = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if absent:
+        raise CheckpointError(f"{path / STATE_FILE} is not a DistriNews training state: it has no {', '.join(absent)}.")
+    try:
+        saved_cfg = json.loads((path / CONFIG_FILE).read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path / CONFIG_FILE} is not valid JSON ({e}): the file is damaged.") from e
+    return state, saved_cfg
 
 
 # fields that may change between a run and its resumption; everything else must match
@@ -233,7 +357,7 @@ RESUMABLE_CHANGES = {
 
 
 def check_resumable(saved: dict, cfg: RunConfig):
-    "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training trajectory."
+    "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path."
     then = dataclasses.asdict(RunConfig())  # a field newer than the checkpoint had its default when it was written
     diff = {
         k: (saved.get(k, then[k]), v)
@@ -249,7 +373,7 @@ def check_resumable(saved: dict, cfg: RunConfig):
 
 # %% ../nbs/03_single_gpu.ipynb #df4fd1c9
 def layer_depth(name: str, num_layers: int) -> int:
-    "Where parameter `name` sits: 0 for the embeddings, i+1 for transformer layer i, num_layers+1 above them (pooler, head)."
+    "Where parameter `name` sits: 0 for the embeddings, i+1 for layer i, num_layers+1 above them (pooler, head)."
     if "embeddings" in name:
         return 0
     found = re.search(r"\.layers?\.(\d+)\.", name)  # BERT: encoder.layer.3.  DistilBERT: transformer.layer.3.
@@ -257,7 +381,7 @@ def layer_depth(name: str, num_layers: int) -> int:
 
 
 def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float = 1.0) -> torch.optim.AdamW:
-    "AdamW; 1-D parameters (biases, LayerNorm) get no weight decay; each layer's lr is `layer_lr_decay` times the one above's."
+    "AdamW; no weight decay on 1-D parameters (biases, LayerNorm); each layer's lr: `layer_lr_decay` x the one above."
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     num_layers = 1 + max((int(m.group(1)) for n, _ in named if (m := re.search(r"\.layers?\.(\d+)\.", n))), default=-1)
     groups = {}  # (lr factor, weight decay) -> parameters; the top's group first, so param_groups[0] has the peak lr
@@ -280,7 +404,7 @@ def make_scheduler(optimizer, total_steps: int, warmup_steps: int) -> torch.opti
 
 
 def scaled_optimizer_step(optimizer, scaler: torch.amp.GradScaler, parameters, max_grad_norm: float) -> bool:
-    "Unscale, clip and step; False when fp16 gradients overflowed and the scaler skipped the step (it then lowers its scale)."
+    "Unscale, clip and step; False when fp16 gradients overflowed and the scaler skipped the step (lowering its scale)."
     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     clip_grad_norm_(parameters, max_grad_norm)
     scale = scaler.get_scale() if scaler.is_enabled() else None
@@ -299,6 +423,51 @@ def make_weight_average(model, decay: float):
 
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
 
+# %% ../nbs/03_single_gpu.ipynb #b27a0002
+class NonFiniteError(RuntimeError):
+    "The loss or the weights became NaN or infinite: the run diverged."
+
+
+def check_finite_weights(model, step: int):
+    "Raise `NonFiniteError` if any parameter of `model` holds NaN or infinity (checked before every save)."
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise NonFiniteError(
+            f"{len(bad)} weight tensor(s) hold NaN or infinity at step {step} (the first: {bad[0]}): the run diverged. "
+            "Nothing was saved, the last checkpoint is untouched; lower the learning rate and start over with --fresh."
+        )
+
+
+def check_batches_per_rank(batch_sampler, world_size: int, log=print):
+    """Refuse a job in which some rank would get no batch (it would skip the all-reduce the others wait in: a hang),
+    and say when the data is so small that ranks repeat rows."""
+    rows, size = len(batch_sampler.lengths), batch_sampler.batch_size
+    batches = math.ceil(rows / size)
+    if batches < world_size:
+        raise ValueError(
+            f"{rows} training rows make {batches} batch(es) of up to {size}, fewer than the {world_size} processes of "
+            f"this job: every rank needs a batch at every step. Use at most {batches} worker(s), a per-rank batch of "
+            f"at most {max(rows // world_size, 1)}, or at least {size * world_size} rows."
+        )
+    if world_size > 1 and batches % world_size:
+        log(
+            f"note: {rows} training rows make {batches} batches of up to {size}, not a multiple of {world_size} "
+            f"processes: each epoch's last step repeats {world_size - batches % world_size} of its first batches, "
+            "so that every rank has one."
+        )
+
+
+def check_writable(folder: str | os.PathLike):
+    "Raise `CheckpointWriteError` if files cannot be created in `folder` (created if missing)."
+    folder = Path(folder)
+    probe = folder / f".write-test-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointWriteError(describe_write_error(probe, e)) from e
+
 # %% ../nbs/03_single_gpu.ipynb #73266304
 class Trainer:
     "A small, complete trainer for one process; `DDPTrainer` (notebook 04) makes it distributed."
@@ -307,6 +476,8 @@ class Trainer:
         self, cfg: RunConfig, model, tokenizer, train_dl, test_dl, device=None, log=print, progress: bool = True
     ):
         self.cfg, self.tokenizer, self.train_dl, self.test_dl = cfg, tokenizer, train_dl, test_dl
+        # first, before any collective: a rank without batches would leave the others waiting in the all-reduce
+        check_batches_per_rank(train_dl.batch_sampler, self.world_size, log if self.is_main else lambda *a: None)
         self.device = pick_device(device)
         self.precision = pick_precision(cfg.precision, self.device)
         self.amp_dtype = AUTOCAST_DTYPES[self.precision]
@@ -411,6 +582,12 @@ class Trainer:
             group_size = min(accum, n_batches - group_start)
             last_in_group = i == group_start + group_size - 1
             losses.append(self._run_batch(batch, 1 / group_size, sync=last_in_group))
+            if not math.isfinite(losses[-1]) and self.precision != "fp16":  # fp16: the scaler skips such steps
+                raise NonFiniteError(
+                    f"the training loss is {losses[-1]} at step {self.step + 1} (epoch {epoch + 1}): the run diverged "
+                    f"(learning rate {self.cfg.lr}, max_grad_norm {self.cfg.max_grad_norm}). Nothing after the last "
+                    "checkpoint was saved; lower the learning rate and start over with --fresh."
+                )
             samples += len(batch["labels"])
             self.batches_done += 1
             bar.update()
@@ -446,8 +623,8 @@ class Trainer:
     # --- evaluation ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def evaluate(self, loader=None, live: bool = False) -> dict:
-        """Loss, accuracy, per-class accuracy and confusion matrix over every item of `loader` (default: the test set), of
-        the weights we ship (`shipped`), or of the live weights the optimizer steps when `live`."""
+        """Loss, accuracy, per-class accuracy and confusion matrix over every item of `loader` (default: the test set),
+        of the weights we ship (`shipped`), or of the live weights the optimizer steps when `live`."""
         model = (self.unwrapped if live else self.shipped).eval()  # bare modules: evaluation needs no gradient sync
         loader = loader or self.test_dl
         n = len(LABELS)
@@ -496,11 +673,12 @@ class Trainer:
         )
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        "Write a resumable checkpoint (default: `checkpoint_dir`; rank 0 writes, every rank waits until it is complete)."
+        "Write a resumable checkpoint (default: `checkpoint_dir`; rank 0 writes, every rank waits until it is done)."
         path = Path(path or self.checkpoint_dir)
         # every rank's RNG states, gathered before rank 0 writes: each rank has drawn dropout masks of its own batches'
         # shapes, so its stream is its own, and restoring rank 0's on every rank would replay a different run
         rng_states = self._gather_rng_states()
+        check_finite_weights(self.shipped, self.step)  # every rank: their weights are the same, so all stop together
         if self.is_main:
             save_checkpoint(path, self.shipped, self.tokenizer, self.cfg, self._state(rng_states))
         self._barrier()
@@ -510,8 +688,8 @@ class Trainer:
         pass
 
     def load(self, path: str | os.PathLike | None = None):
-        "Continue from a checkpoint: optimizer, schedule, position in the data and RNG states (the weights: `make_trainer`)."
-        state, saved_cfg = load_training_state(path or self.checkpoint_dir)
+        "Continue from a checkpoint: optimizer, schedule, place in the data, RNG states (the weights: `make_trainer`)."
+        state, saved_cfg = load_training_state(path or self.checkpoint_dir, map_location="cpu")
         check_resumable(saved_cfg, self.cfg)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -542,8 +720,9 @@ class Trainer:
     def banner(self) -> str:
         c = self.cfg
         return (
-            f"device={self.device} precision={self.precision} attention={self.attention} world_size={self.world_size} | per-process batch {c.batch_size}"
-            f" x {self.world_size} process(es) x {c.grad_accum} accumulation = effective batch {c.batch_size * self.world_size * c.grad_accum}"
+            f"device={self.device} precision={self.precision} attention={self.attention} world_size={self.world_size}"
+            f" | per-process batch {c.batch_size} x {self.world_size} process(es) x {c.grad_accum} accumulation"
+            f" = effective batch {c.batch_size * self.world_size * c.grad_accum}"
             f" | {self.steps_per_epoch} steps/epoch x {c.epochs} epochs, lr {c.lr}"
         )
 
@@ -569,7 +748,8 @@ class Trainer:
             if self.is_main:
                 write_json_atomic(Path(self.cfg.output_dir) / "metrics.json", self.history)
             self.log(
-                f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f} | eval loss {metrics['eval_loss']:.4f}"
+                f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f}"
+                f" | eval loss {metrics['eval_loss']:.4f}"
                 f" | accuracy {metrics['accuracy']:.2%} on {metrics['eval_count']}"
                 + (f" (live weights {metrics['live_accuracy']:.2%})" if "live_accuracy" in metrics else "")
                 + f" | {metrics['train_samples_per_s']:.1f} samples/s"
@@ -582,13 +762,14 @@ class Trainer:
 
 # %% ../nbs/03_single_gpu.ipynb #209282a2
 def make_trainer(cfg: RunConfig, resume: bool = False, dist_info=None, log=print, progress: bool = True) -> Trainer:
-    """Tokenizer, model (from the checkpoint when resuming), data and a trainer for `cfg`, restored from its checkpoint if
-    `resume`. With `dist_info` (notebook 04's `DistInfo`: rank, world size, device) a `DDPTrainer` for that rank."""
+    """Tokenizer, model (from the checkpoint when resuming), data and a trainer for `cfg`, restored from its checkpoint
+    if `resume`. With `dist_info` (notebook 04's `DistInfo`: rank, world size, device) a `DDPTrainer` for that rank."""
     seed_everything(cfg.seed)
     device = dist_info.device if dist_info is not None else pick_device()
     checkpoint = find_checkpoint(Path(cfg.output_dir) / "checkpoint") if resume else None
     if checkpoint is not None:
         load_training_state(checkpoint)  # fail early on a folder that is not a checkpoint
+        verify_checkpoint(checkpoint)  # and on one whose files are not the bytes that were saved
     tokenizer = load_tokenizer(checkpoint or cfg.model_name)
     model = build_classifier(checkpoint or cfg.model_name, seed=cfg.seed, dropout=cfg.dropout, pooling=cfg.pooling)
     shard = dict(num_replicas=dist_info.world_size, rank=dist_info.rank) if dist_info is not None else {}
@@ -642,6 +823,13 @@ def run_training(
     pick_precision(cfg.precision, dist_info.device if dist_info is not None else pick_device())  # fail before any work
     data_source(cfg)  # no data and the hub offline: say so now, not after loading the model
     is_main = dist_info is None or dist_info.is_main
+    if resume == "no" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"):
+        resume = "auto"  # --fresh acts once per job: torchrun's restarts continue from what this job has saved since
+    if is_main:
+        check_writable(cfg.output_dir)  # now, not at the first save after an epoch of work
+        clean_checkpoint_leftovers(Path(cfg.output_dir) / "checkpoint")  # what killed saves left; no one writes now
+    if dist_info is not None and dist_info.distributed:
+        torch.distributed.barrier()  # the other ranks look for the checkpoint once rank 0 has tidied up
     checkpoint = find_checkpoint(Path(cfg.output_dir) / "checkpoint")
     if resume == "yes" and checkpoint is None:
         raise CheckpointError(f"--resume: no checkpoint in {cfg.output_dir}. Run without --resume to start a new run.")

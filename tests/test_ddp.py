@@ -222,6 +222,21 @@ def test_two_agents_multi_node_over_loopback(two_rank_run, tmp_path):
     assert max((w[k] - w_single_node[k]).abs().max().item() for k in w) < 1e-6
 
 
+def test_a_failing_torchrun_fails_its_cell(tmp_path, monkeypatch):
+    "04's launch cell is a %%bash cell: torchrun's exit status reaches the notebook, so a failed run fails the cell."
+    from execnb.shell import CaptureShell
+
+    cells = ["".join(c["source"]) for c in json.loads((ROOT / "nbs" / "04_ddp.ipynb").read_text())["cells"]]
+    launch = next(c for c in cells if c.startswith("%%bash") and "torchrun" in c and "--fresh" in c)
+    monkeypatch.chdir(ROOT / "nbs")  # where the notebook runs, beside train_ddp.py
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # torchrun of this venv
+    shell = CaptureShell()
+    shell.run_cell(f"nproc, global_batch, run_dir = 1, 16, {str(tmp_path)!r}\nclass cfg: profile = 'no-such-profile'")
+    outputs = shell.run(launch)
+    assert isinstance(shell.exc, subprocess.CalledProcessError), outputs
+    assert "Unknown profile 'no-such-profile'" in json.dumps(outputs)
+
+
 def test_bad_launches_fail_clearly(tmp_path):
     p = subprocess.run(
         [sys.executable, SCRIPT, *TINY, "--output-dir", tmp_path],
@@ -239,8 +254,8 @@ def test_bad_launches_fail_clearly(tmp_path):
             "--nproc_per_node=3",
             str(SCRIPT),
             *TINY,
-            "--global-batch-size",
-            "16",
+            "--train-size",
+            "3",
             "--output-dir",
             str(tmp_path),
         ],
@@ -250,4 +265,7 @@ def test_bad_launches_fail_clearly(tmp_path):
         cwd=ROOT,
         timeout=120,
     )
-    assert p.returncode != 0 and "global batch size 16 is not divisible by world size 3" in p.stdout + p.stderr
+    # 3 workers, 3 rows: one batch for three ranks. Once a hang until the collective timeout; now refused at the start
+    assert p.returncode != 0 and "3 training rows make 1 batch(es) of up to 16, fewer than the 3 processes" in (
+        p.stdout + p.stderr
+    )
