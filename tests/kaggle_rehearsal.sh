@@ -67,7 +67,15 @@ for nb in nbs/[0-9][0-9]_*.ipynb; do
   fi
   # this clone's path in an output means the notebook found the clone, except under .venv/: the environment's
   # packages are linked from there (Kaggle's would be under /opt/conda), and some libraries log their real paths
-  clone=$(grep -o "$repo[^\" ]*" "$tmp/out/$name.ipynb" | grep -v "^$repo/.venv/" | head -3 || true)
+  clone=$($BIN/python - "$tmp/out/$name.ipynb" "$repo" <<'PY'
+import json, re, sys
+cells, repo, parts = json.load(open(sys.argv[1]))["cells"], sys.argv[2], []
+for o in (o for c in cells for o in c.get("outputs", [])):
+    parts += [o.get("text", ""), *o.get("data", {}).values(), o.get("evalue", "")]
+text = "".join("".join(p) if isinstance(p, list) else str(p) for p in parts)  # a stream arrives in pieces
+print(*sorted(set(re.findall(re.escape(repo) + r"(?!/\.venv/)[^\s\"',)]*", text)))[:3])
+PY
+)
   if [ -n "$clone" ]; then
     failed+=("$name"); echo "$name found the clone ($clone): a Kaggle session has none."; continue
   fi
