@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -15,9 +16,11 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
+import uvicorn
 from fastapi.testclient import TestClient
 
 from distrinews import inference
+from distrinews.ddp import free_port
 from distrinews.inference import (
     PROBE_TEXTS,
     InvalidCheckpointError,
@@ -28,7 +31,7 @@ from distrinews.inference import (
     weights_digest,
 )
 from distrinews.model import LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, build_classifier, load_tokenizer, predict
-from distrinews.serve import ServeSettings, begin_shutdown, create_app, main
+from distrinews.serve import ServeSettings, SlowClientGuard, begin_shutdown, create_app, main
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -707,6 +710,38 @@ def test_an_abandoned_request_is_not_computed(classifier, caplog):
         c.post("/predict", json={"text": "after"})  # the worker has gone past the abandoned job
         assert batcher.stats["cancelled"] == 1
     assert clf.sizes == [1, 1]  # the blocker, then "after": the abandoned text never reached the model
+    assert any("499 client disconnected; its 1 text(s) dropped before their forward pass" in m for m in caplog.messages)
+
+
+def test_an_abandoned_request_over_a_socket_is_not_computed(classifier, caplog):
+    "The same through uvicorn and our protocol (in this process, on a loopback port): a client sends, then hangs up."
+    clf = _blocking(classifier)
+    app = create_app(ServeSettings(**SMALL), classifier=clf)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, http=SlowClientGuard, log_config=None, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        _wait_until(lambda: server.started)
+        batcher = app.state.batcher
+        running = batcher.submit(["occupies the worker"])
+        assert clf.entered.wait(10)
+        body = json.dumps({"text": "a client that hangs up"}).encode()
+        head = "POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head += f"Content-Length: {len(body)}\r\n\r\n"
+        with caplog.at_level(logging.INFO, logger="distrinews.serve"):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(head.encode() + body)
+                _wait_until(lambda: batcher.queued == 1)
+            _wait_until(lambda: batcher.stats["cancelled"] == 1)  # gone from the queue as the connection closed
+        assert batcher.queued == 0
+        clf.release.set()
+        running.result(10)
+    finally:
+        clf.release.set()
+        server.should_exit = True
+        thread.join(10)
+    assert clf.sizes == [1]  # only the forward pass that occupied the worker
     assert any("499 client disconnected; its 1 text(s) dropped before their forward pass" in m for m in caplog.messages)
 
 
