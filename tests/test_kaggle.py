@@ -105,6 +105,7 @@ def test_every_notebook_installs_the_course_first():
     assert "distrinews[scale] @ {url}" in cells["11"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook", ["05_inference.ipynb", "06_deploy.ipynb"])
 def test_on_kaggle_with_no_checkpoint_the_serving_notebooks_stop_and_say_how(notebook, tmp_path, monkeypatch):
     """05 and 06 run in a Kaggle session of their own (empty working folder, nothing attached, profile guessed): they
