@@ -3,6 +3,7 @@ News (so its labels mean something), and the real server (`python -m distrinews.
 the package's own `distrinews.serve.server_process`."""
 
 import contextlib
+import importlib.util
 import os
 from pathlib import Path
 
@@ -16,6 +17,15 @@ from distrinews.serve import http_json, server_process  # noqa: F401   (http_jso
 
 ROOT = Path(__file__).resolve().parents[1]
 SPORTS_HEADLINE = "Striker scores twice as United beat Chelsea in the cup final"
+
+
+def load_script(path: Path):
+    """The script at `path` (benchmarks/report.py, tools/course.py) imported as a module under its file name: the
+    tests reach a script's functions without putting its folder on `sys.path`."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager

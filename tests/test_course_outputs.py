@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import course  # noqa: E402
+course = load_script(ROOT / "tools" / "course.py")
 
 NOTEBOOKS = sorted((ROOT / "nbs").glob("[0-9][0-9]_*.ipynb"))
 EXECUTED = NOTEBOOKS + sorted((ROOT / "benchmarks" / "runs").glob("*.ipynb"))
@@ -174,7 +174,10 @@ def test_tidy_makes_outputs_fit_to_publish():
     assert course.tidy_text(raw, root) == (
         "epoch 1: 100%|####| 10/10\nsaved runs/cpu/checkpoint and <temp folder>\ntorch/x.py:3: note\n"
     )
-    frames = "Tokenizing:   0%|          | 0/32 [00:00<?, ? examples/s]Tokenizing: 100%|##########| 32/32 [00:00<00:00, 3011.86 examples/s]\n"
+    frames = (
+        "Tokenizing:   0%|          | 0/32 [00:00<?, ? examples/s]"
+        "Tokenizing: 100%|##########| 32/32 [00:00<00:00, 3011.86 examples/s]\n"
+    )
     assert course.tidy_text(frames, root) == "Tokenizing: 100%|##########| 32/32 [00:00<00:00, 3011.86 examples/s]\n"
     cell = {
         "cell_type": "code",
