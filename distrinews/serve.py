@@ -299,6 +299,15 @@ def _json(status: int, detail: str, **headers) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
+def _nosniff(send):
+    async def send_nosniff(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), NOSNIFF]}
+        await send(message)
+
+    return send_nosniff
+
+
 class RequestGuard:
     """ASGI middleware: what is refused before a route reads a request (so it costs no parsing), and `nosniff` on every
     answer. Refused: `Content-Length` together with chunked encoding (400), a body that is not JSON (415), and predict
@@ -311,24 +320,18 @@ class RequestGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started = False
-
-        async def send_nosniff(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                message = {**message, "headers": [*message.get("headers", []), NOSNIFF]}
-            await send(message)
-
+        if CLIENT_GONE not in scope.get("extensions", ()):  # (our uvicorn protocol adds nosniff itself, at no cost)
+            send = _nosniff(send)
         refusal = self.refusal(scope)
         if refusal is not None:
-            return await refusal(scope, receive, send_nosniff)
+            return await refusal(scope, receive, send)
         try:
-            await self.app(scope, receive, send_nosniff)
+            await self.app(scope, receive, send)
         except asyncio.CancelledError:
-            if started or not scope["app"].state.draining:
+            if not scope["app"].state.draining:
                 raise
-            await _json(503, "server is shutting down", connection="close")(scope, receive, send_nosniff)
+            with contextlib.suppress(RuntimeError):  # (the answer had begun: the server closes the connection)
+                await _json(503, "server is shutting down", connection="close")(scope, receive, send)
 
     @staticmethod
     def refusal(scope) -> JSONResponse | None:
@@ -485,15 +488,15 @@ class SlowClientGuard(H11Protocol):
 
     def connection_made(self, transport):
         super().connection_made(transport)
+        self._headers = [*self.server_state.default_headers, NOSNIFF]  # on every answer, uvicorn's own ones too
         self._watch()
 
     def handle_events(self):
         cycle = self.cycle
         super().handle_events()
-        if (
-            self.cycle is not cycle and self.cycle is not None
-        ):  # a new request: the app can learn when its client leaves
+        if self.cycle is not cycle and self.cycle is not None:  # a new request: tell the app when its client leaves
             self.scope.setdefault("extensions", {})[CLIENT_GONE] = self.loop.create_future()
+            self.cycle.default_headers = self._headers
         self._watch()
 
     def on_response_complete(self):
