@@ -1,27 +1,17 @@
 """Benchmarks: the committed report is exactly what the committed JSON renders to, it states figures (not our goals),
 and the papermill driver runs end to end."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-
-
-def _script(path: Path):
-    "The script at `path`, imported as a module by its file name (benchmarks/ is a folder of scripts, not a package)."
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-report = _script(BENCH / "report.py")
+report = load_script(BENCH / "report.py")
 
 
 @pytest.mark.skipif(not any((BENCH / "results").glob("*.json")), reason="no benchmark results committed yet")

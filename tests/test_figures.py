@@ -13,7 +13,6 @@ benchmarks/results/*.json (or the run the notebook itself just made), so the two
 
 Reads files only: about a second."""
 
-import importlib.util
 import json
 import re
 from collections.abc import Callable
@@ -21,20 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-
-
-def _script(path: Path):
-    "The script at `path`, imported as a module by its file name (benchmarks/ is a folder of scripts, not a package)."
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-report = _script(BENCH / "report.py")
+report = load_script(BENCH / "report.py")
 
 R = report.load(BENCH / "results")
 R["original_writeup"] = report.ORIGINAL_2XT4  # the original write-up's 2xT4 figures (not measured by us)
