@@ -3,11 +3,13 @@ notebook in benchmarks/runs/, then render benchmarks/README.md and the PNG chart
 
     # the real thing, ~30 min on 2 cores
     HF_HUB_OFFLINE=1 DISTRINEWS_DATA_DIR=../shared/data/ag_news .venv/bin/python benchmarks/run.py
-    .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench    # tiny parameters, ~2 min (the tests run this)
+    .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench    # tiny parameters, ~2 min
     .venv/bin/python benchmarks/run.py --only serving              # one row of the matrix
+    .venv/bin/python benchmarks/run.py --dry-run                   # check the rows against the notebook, run nothing
 """
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -45,15 +47,31 @@ SMOKE = {
 }
 
 
+def check_parameters(matrix: dict, notebook: Path = NOTEBOOK):
+    "Stop before measuring anything if a row sets a parameter the notebook's `parameters` cell does not declare."
+    declared = set(pm.inspect_notebook(str(notebook)))
+    for name, params in matrix.items():
+        unknown = sorted(set(params) - declared)
+        if unknown:
+            sys.exit(f"row {name!r} sets {unknown}, which {notebook.name} does not declare (it has {sorted(declared)})")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny parameters, output into --out (default: a temp folder)")
     p.add_argument("--only", nargs="+", help=f"rows of the matrix to run: {sorted(MATRIX)}")
     p.add_argument("--out", help="folder for results/, runs/ and the report (default: benchmarks/ itself)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="check the rows against the notebook, print them, run nothing"
+    )
     a = p.parse_args(argv)
     matrix = SMOKE if a.smoke else {k: v for k, v in MATRIX.items() if not a.only or k in a.only}
     if a.only and not matrix:
         p.error(f"--only: choose from {sorted(MATRIX)}")
+    check_parameters(matrix)
+    if a.dry_run:
+        print(json.dumps(matrix, indent=1))
+        return None
     out = Path(a.out or (tempfile.mkdtemp(prefix="distrinews-bench-") if a.smoke else HERE)).resolve()
     results, runs = out / "results", out / "runs"
     runs.mkdir(parents=True, exist_ok=True)

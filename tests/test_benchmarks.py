@@ -94,20 +94,17 @@ def test_report_states_each_goals_figure_and_no_goal(tmp_path):
         assert word not in text.lower(), word
 
 
-def test_smoke_driver_runs_the_notebook_with_papermill(tmp_path):
-    p = subprocess.run(
-        [sys.executable, str(BENCH / "run.py"), "--smoke", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-    executed = tmp_path / "runs" / "07_benchmarks-smoke.ipynb"
-    assert executed.exists()
-    names = {f.stem for f in (tmp_path / "results").glob("*.json")}
-    assert {"trainer_vs_reference", "ddp_scaling", "accuracy_smoke", "serving_c04"} <= names, names
-    text = (tmp_path / "README.md").read_text()
-    for section in ("## Our trainer vs", "## DDP scaling", "## Serving", "## Accuracy"):
-        assert section in text
-    assert (tmp_path / "ddp_scaling.png").stat().st_size > 1000
+def test_driver_rows_are_parameters_of_the_benchmark_notebook():
+    """benchmarks/run.py sets only parameters that 07 declares, in every row (checked before anything is measured).
+    The notebook itself runs under nbdev_test and the Kaggle rehearsal; this test does not execute it a third time."""
+    import papermill as pm
+
+    declared = set(pm.inspect_notebook(str(ROOT / "nbs" / "07_benchmarks.ipynb")))
+    for flags in ([], ["--smoke"]):
+        p = subprocess.run(
+            [sys.executable, str(BENCH / "run.py"), "--dry-run", *flags], capture_output=True, text=True, timeout=120
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+        rows = json.loads(p.stdout)
+        assert rows and all(set(params) <= declared for params in rows.values()), (rows, declared)
+    assert {"trainer", "ddp", "accuracy", "serving", "gpu"} <= set(rows["smoke"]["measure"].split(","))
