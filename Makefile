@@ -21,11 +21,14 @@ OFFLINE_ENV := $(if $(filter 1,$(OFFLINE)),HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=
 
 .PHONY: main test check format install-hooks venv readme docs course
 venv: $(VENV)/.installed
-$(VENV)/.installed: settings.ini setup.py
+$(VENV)/.installed: settings.ini setup.py deployment/requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch 2.13.0 first: an unpinned torch would pull several GB of CUDA packages on a CPU machine
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,scale]"
+	# the image's pins (deployment/requirements.txt) constrain this environment too: the versions the tests run are the
+	# versions the Space serves with, whatever has been released since
+	grep -v '^-' deployment/requirements.txt > $(VENV)/constraints.txt
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev,scale]"
 	touch $@
 
 PROFILE ?= cpu

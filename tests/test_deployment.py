@@ -37,6 +37,10 @@ def hadolint(path: Path) -> list[dict]:
 # ---------------------------------------------------------------- the files
 
 
+# where notebook 06's `{static}` and `{deployment}` folders are when it runs in a clone (elsewhere: the working folder)
+IN_A_CLONE = {"static": "distrinews/static", "deployment": "deployment"}
+
+
 def written_by_06() -> dict[str, str]:
     "What the `%%writefile` cells of notebook 06 write, by path relative to the repository."
     nb = json.loads((ROOT / "nbs" / "06_deploy.ipynb").read_text(encoding="utf-8"))
@@ -45,7 +49,8 @@ def written_by_06() -> dict[str, str]:
         text = "".join(cell["source"])
         if cell["cell_type"] == "code" and text.startswith("%%writefile "):
             magic, _, body = text.partition("\n")
-            out[str((ROOT / "nbs" / magic.split()[1]).resolve().relative_to(ROOT))] = body.rstrip("\n") + "\n"
+            target = magic.split()[1].format(**IN_A_CLONE)  # 06 names its folders; in a clone they are these
+            out[str((ROOT / target).relative_to(ROOT))] = body.rstrip("\n") + "\n"
     return out
 
 
