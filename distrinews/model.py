@@ -85,7 +85,8 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}.")
         if not 0 < self.layer_lr_decay <= 1:
             raise ValueError(
-                f"RunConfig.layer_lr_decay must be in (0, 1], got {self.layer_lr_decay} (1 = one learning rate for all layers)."
+                f"RunConfig.layer_lr_decay must be in (0, 1], got {self.layer_lr_decay} "
+                "(1 = one learning rate for all layers)."
             )
         if not 0 <= self.ema_decay < 1:
             raise ValueError(
@@ -130,8 +131,9 @@ PROFILES = {
         output_dir="runs/smoke",
     ),
     # 10,429 = the rows of the local train copy; from the hub the same budget is a stratified subset of the 120,000.
-    # Not adopted, each because it won on the validation rows and then lost on the test rows (notebook 11): mean pooling,
-    # a moving average of the weights (ema_decay), and the search's best [CLS] settings (trial 6, which won two draws).
+    # Not adopted, each because it won on the validation rows and then lost on the test rows (notebook 11): mean
+    # pooling, a moving average of the weights (ema_decay), and the search's best [CLS] settings (trial 6, which won
+    # two draws).
     "cpu": dict(train_size=10_429, lr=1e-4, epochs=3, batch_size=32, output_dir="runs/cpu"),
     "kaggle": dict(
         model_name="distilbert-base-uncased",
