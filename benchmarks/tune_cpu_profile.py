@@ -69,7 +69,6 @@ def main(argv=None):
 
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA GPU is visible here.")
-    sys.path.insert(0, str(ROOT))
     from distrinews.model import get_config
     from distrinews.scale import SEARCHED, StorageError, open_storage, open_study, study_summary, tune_worker
 

@@ -1,4 +1,4 @@
-"""Does averaging the weights help the `cpu` profile? Live weights and several averages, side by side in ONE run.
+r"""Does averaging the weights help the `cpu` profile? Live weights and several averages, side by side in ONE run.
 
 Weight averaging changes nothing in training: the optimizer steps the live weights exactly as before, and each average
 is a second copy updated after every step (torch's own `torch.optim.swa_utils.AveragedModel`). So one run measures the
@@ -7,7 +7,8 @@ paired, not two noisy runs against each other.
 
     DISTRINEWS_PROFILE=cpu python benchmarks/weight_averaging.py --validation-size 2000    # ~20 min on 2 CPU cores
     # other settings, another seed (another held-out draw), written elsewhere: the JSON records the settings it ran
-    DISTRINEWS_OVERRIDES='{"lr": 1.5e-4, "label_smoothing": 0.1}' python benchmarks/weight_averaging.py --seed 7 --out runs/x.json
+    DISTRINEWS_OVERRIDES='{"lr": 1.5e-4, "label_smoothing": 0.1}' \
+        python benchmarks/weight_averaging.py --seed 7 --out runs/x.json
 
 The rows come from the training split (`--validation-size`, stratified, never trained on): this chooses settings, so the
 test split is not touched. The one check on the test rows that followed the choice is recorded by hand as `test_check`
@@ -19,7 +20,6 @@ Results: benchmarks/results/weight_averaging_cpu.json.
 import argparse
 import json
 import platform
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,7 +46,6 @@ def main(argv=None):
     import torch
     from torch.optim.swa_utils import AveragedModel
 
-    sys.path.insert(0, str(ROOT))
     from distrinews.model import get_config
     from distrinews.scale import SEARCHED  # what the study searches (no Ray or Optuna needed to import it)
     from distrinews.train import make_trainer, make_weight_average

@@ -380,7 +380,8 @@ def allreduce_bandwidth(
     world_size: int | None = None, sizes: list[int] | None = None, iters: int = 20, warmup: int = 5
 ) -> list[dict]:
     """Time `all_reduce` (sum of float32 tensors of `sizes` bytes) among `world_size` processes, one per GPU over NCCL
-    (gloo on a CPU), as nccl-tests' all_reduce_perf does. One row per size: bytes, count, time_us, algbw_gbs, busbw_gbs."""
+    (gloo on a CPU), as nccl-tests' all_reduce_perf does. One row per size: bytes, count, time_us, algbw_gbs,
+    busbw_gbs."""
     world_size = world_size or (torch.cuda.device_count() or 2)
     sizes = sizes or [4**k for k in range(6, 14)]  # 4 KiB to 64 MiB
     ctx = torch.multiprocessing.get_context("spawn")

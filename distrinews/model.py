@@ -6,12 +6,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import threading
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -187,7 +186,8 @@ def env_overrides() -> dict:
 
 
 def get_config(profile: str | None = None, *, use_env: bool = True, **overrides) -> RunConfig:
-    "A `RunConfig` for `profile` (see `pick_profile`), then $DISTRINEWS_OVERRIDES (unless `use_env=False`), then `overrides`."
+    """A `RunConfig` for `profile` (see `pick_profile`), then $DISTRINEWS_OVERRIDES (unless `use_env=False`), then
+    `overrides`."""
     name = pick_profile(profile)
     overrides = {**(env_overrides() if use_env else {}), **overrides}
     unknown = set(overrides) - {f.name for f in fields(RunConfig)}
@@ -265,7 +265,8 @@ def packaged_encoder_dir() -> Path | None:
 
 
 def hub_offline(datasets: bool = False) -> bool:
-    "True when the Hugging Face Hub must not be contacted for models (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) or `datasets` (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)."
+    """True when the Hugging Face Hub must not be contacted for models (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) or
+    `datasets` (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)."""
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if datasets else ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in names)
 
@@ -313,7 +314,8 @@ POOLINGS = ("cls", "mean")
 
 def use_pooling(model, pooling: str | None = None):
     """Make `model`'s head read `pooling`: 'cls' (the first token) or 'mean' (the mean over real tokens, padding left
-    out). None: the choice saved in `model.config.distrinews_pooling`, else 'cls'. Returns `model`, its config updated."""
+    out). None: the choice saved in `model.config.distrinews_pooling`, else 'cls'. Returns `model`, its config
+    updated."""
     pooling = pooling or getattr(model.config, "distrinews_pooling", None) or "cls"
     if pooling not in POOLINGS:
         raise ValueError(f"pooling={pooling!r} is not one of {POOLINGS}.")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -22,7 +21,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from .model import RunConfig, add_config_args, config_from_args, get_config
+from .model import RunConfig, add_config_args, config_from_args
 
 # %% auto #0
 __all__ = ['SEARCHED', 'start_ray', 'ray_train_loop', 'train_with_ray', 'suggest_settings', 'trial_config', 'objective',
@@ -58,12 +57,14 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, quiet: bo
 
 # %% ../nbs/11_scale_out.ipynb #050ec9f4
 def _numbers(metrics: dict) -> dict:
-    "The plain numbers among an epoch's metrics: what Ray and Optuna store (the confusion matrix stays in metrics.json)."
+    """The plain numbers among an epoch's metrics: what Ray and Optuna store (the confusion matrix stays in
+    metrics.json)."""
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def ray_train_loop(config: dict):
-    "What Ray Train runs on every worker: `train_distributed`, resumed from Ray's last reported checkpoint if there is one."
+    """What Ray Train runs on every worker: `train_distributed`, resumed from Ray's last reported checkpoint if there
+    is one."""
     import ray.train
 
     from distrinews.ddp import parameter_fingerprint, train_distributed
@@ -79,7 +80,8 @@ def ray_train_loop(config: dict):
         with restored.as_directory() as folder:
             shutil.copytree(folder, Path(cfg.output_dir) / "checkpoint")
         resumed_from = load_training_state(Path(cfg.output_dir) / "checkpoint")[0]["epoch"]
-    # the fault-tolerance demo: rank 1 dies hard at a given step, on the first attempt only (later ones have a checkpoint)
+    # the fault-tolerance demo: rank 1 dies hard at a given step, on the first attempt only (later ones have a
+    # checkpoint)
     fail_at_step = config.get("fail_at_step") if restored is None else None
 
     def crash(trainer):
@@ -127,7 +129,8 @@ def train_with_ray(
     global_batch_size: int | None = None,
     fail_at_step: int | None = None,
 ):
-    """Train `cfg` with DDP on `num_workers` Ray workers (one GPU each where there are GPUs); Ray replaces failed workers
+    """Train `cfg` with DDP on `num_workers` Ray workers (one GPU each where there are GPUs); Ray replaces failed
+    workers
     up to `max_failures` times, resuming from the last reported checkpoint. Returns Ray's `Result`."""
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -437,14 +440,16 @@ def trials_table(summary: dict) -> str:
     "A Markdown table of the trials, best first."
     order = sorted(summary["trials"], key=lambda t: (t["state"] != "COMPLETE", -(t["value"] or 0)))
     rows = [
-        "| trial | state | lr | warm-up | batch | weight decay | label smoothing | layer lr decay | pooling | epochs | validation accuracy per epoch |",
+        "| trial | state | lr | warm-up | batch | weight decay | label smoothing | layer lr decay | pooling | epochs "
+        "| validation accuracy per epoch |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for t in order:
         p = t["params"]
         curve = " → ".join(f"{a:.2%}" for a in t["val_accuracy"]) or "–"  # 2,000 rows: steps of 0.05 %
         rows.append(
-            f"| {t['number']} | {t['state'].lower()} | {p.get('lr', float('nan')):.1e} | {p.get('warmup_ratio', 0):.2f} "
+            f"| {t['number']} | {t['state'].lower()} | {p.get('lr', float('nan')):.1e} "
+            f"| {p.get('warmup_ratio', 0):.2f} "
             f"| {p.get('batch_size', '')} | {p.get('weight_decay', 0):.3f} | {p.get('label_smoothing', 0):.2f} "
             f"| {p.get('layer_lr_decay', 1.0):.2f} | {p.get('pooling', 'cls')} "
             f"| {p.get('epochs', '')} | {curve} |"
@@ -534,7 +539,8 @@ def tune_with_ray(
     storage_path: str | None = None,
     seed: int = 0,
 ):
-    "Search with Ray Tune: Optuna's sampler (`OptunaSearch`) proposes, ASHA stops the laggards. Returns the `ResultGrid`."
+    """Search with Ray Tune: Optuna's sampler (`OptunaSearch`) proposes, ASHA stops the laggards. Returns the
+    `ResultGrid`."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch

@@ -21,7 +21,7 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg")
-from distrinews.scale import (
+from distrinews.scale import (  # noqa: E402  (after the skips: only with the scale extra)
     SEARCHED,
     StorageError,
     _postgres_bin,
