@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from distrinews.ddp import free_port
 
+pytestmark = pytest.mark.slow  # torchrun jobs
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "nbs" / "train_ddp.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]

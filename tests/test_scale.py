@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # Ray and PostgreSQL
+
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg")
 from distrinews.scale import (  # noqa: E402  (after the skips: only with the scale extra)
