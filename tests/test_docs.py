@@ -275,7 +275,7 @@ def _nbdev(*args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def site(tmp_path_factory):
     """A copy of the project processed by nbdev_docs' first stage (and rendered with Quarto, when installed): nbdev.yml
-    and sidebar.yml refreshed from settings.ini, every notebook processed into _proc/ by `nbdev_proc_nbs`."""
+    and sidebar.yml refreshed from settings.ini, every notebook processed into _proc/ by nbdev's `proc_nbs`."""
     work = tmp_path_factory.mktemp("docs")
     shutil.copy2(ROOT / "settings.ini", work)
     ignore = shutil.ignore_patterns(".ipynb_checkpoints", "_proc", "_docs", "runs", "__pycache__", "*.tmp")
@@ -285,7 +285,10 @@ def site(tmp_path_factory):
     refresh = [sys.executable, "-c", "from nbdev.quarto import refresh_quarto_yml; refresh_quarto_yml()"]
     steps = [subprocess.run(refresh, cwd=work, env=env, capture_output=True, text=True, timeout=120)]
     steps.append(_nbdev("nbdev_sidebar", cwd=work, env=env))
-    steps.append(_nbdev("nbdev_proc_nbs", "--n_workers", "1", cwd=work, env=env))
+    # nbdev.serve.proc_nbs is nbdev_docs' processing stage; the `nbdev_proc_nbs` command would first try to install
+    # Quarto, which needs the network
+    process = [sys.executable, "-c", "from nbdev.serve import proc_nbs; proc_nbs(n_workers=1)"]
+    steps.append(subprocess.run(process, cwd=work, env=env, capture_output=True, text=True, timeout=600))
     for step in steps:
         assert step.returncode == 0, f"{step.args}:\n{step.stdout[-2000:]}{step.stderr[-3000:]}"
     rendered, render_log = None, ""
