@@ -49,21 +49,18 @@ session() {  # the environment of a fresh Kaggle session (env -i: nothing of thi
     "$@"
 }
 
-wanted=("$@") failed=()
-for nb in nbs/[0-9][0-9]_*.ipynb; do
-  name=$(basename "$nb" .ipynb)
-  if [ ${#wanted[@]} -gt 0 ] && [[ ! " ${wanted[*]} " =~ " ${name:0:2} " ]]; then continue; fi
-  work="$tmp/working/$name"; mkdir -p "$work"
-  cp "$nb" "$tmp/nb/"  # File -> Import Notebook: this notebook, nothing else of the repository
-  venv="$tmp/venv"; [ "$name" = 11_scale_out ] && venv="$tmp/venv-scale"
-  extra=()
+wanted=("$@")
+run_one() {  # one notebook, alone in its own working folder; a failure is recorded in $tmp/failed
+  local name=$1 work="$tmp/working/$1" venv="$tmp/venv" extra=() start=$SECONDS clone
+  mkdir -p "$work"
+  cp "nbs/$name.ipynb" "$tmp/nb/"  # File -> Import Notebook: this notebook, nothing else of the repository
+  [ "$name" = 11_scale_out ] && venv="$tmp/venv-scale"
   # 07 measures: the driver's tiny parameters (its results go to the working folder: no clone here)
   [ "$name" = 07_benchmarks ] && extra=(-p steps 2 -p warmup 1 -p batch_size 8 -p trainer_samples 32 -p repeats 1
     -y "serving_clients: [4]" -p serving_requests 16)
-  start=$SECONDS
   if ! (cd "$work" && session "$venv" "$venv/bin/python" -m papermill --no-progress-bar --log-level WARNING \
     --cwd "$work" -p profile kaggle "${extra[@]}" "$tmp/nb/$name.ipynb" "$tmp/out/$name.ipynb"); then
-    failed+=("$name"); echo "$name (kaggle rehearsal): FAILED after $((SECONDS - start)) s"; continue
+    echo "$name" >>"$tmp/failed"; echo "$name (kaggle rehearsal): FAILED after $((SECONDS - start)) s"; return
   fi
   # this clone's path in an output means the notebook found the clone, except under .venv/: the environment's
   # packages are linked from there (Kaggle's would be under /opt/conda), and some libraries log their real paths
@@ -77,11 +74,27 @@ print(*sorted(set(re.findall(re.escape(repo) + r"(?!/\.venv/)[^\s\"',)]*", text)
 PY
 )
   if [ -n "$clone" ]; then
-    failed+=("$name"); echo "$name found the clone ($clone): a Kaggle session has none."; continue
+    echo "$name" >>"$tmp/failed"; echo "$name found the clone ($clone): a Kaggle session has none."; return
   fi
   echo "$name (kaggle rehearsal): $((SECONDS - start)) s"
   # Kaggle passes a notebook's files to the next one as an attached output: /kaggle/input/<notebook>/...
   [ "$name" = 04_ddp ] && ln -s "$work" "$tmp/input/distrinews-04-ddp"
-done
+  return 0
+}
+lane() {  # the notebooks named, one after the other (those the caller did not ask for are skipped)
+  for name in "$@"; do
+    if [ ${#wanted[@]} -gt 0 ] && [[ ! " ${wanted[*]} " =~ " ${name:0:2} " ]]; then continue; fi
+    run_one "$name"
+  done
+}
+# two lanes side by side (each session is its own process, as on Kaggle): 04 and the notebooks that attach its
+# output in one, the rest in the other
+mapfile -t all < <(cd nbs && ls [0-9][0-9]_*.ipynb | sed 's/\.ipynb$//')
+after_04=(04_ddp 05_inference 06_deploy 11_scale_out) others=()
+for name in "${all[@]}"; do [[ " ${after_04[*]} " =~ " $name " ]] || others+=("$name"); done
+lane "${after_04[@]}" &
+lane "${others[@]}"
+wait
+failed=(); [ -f "$tmp/failed" ] && mapfile -t failed <"$tmp/failed"
 echo "Kaggle rehearsal: $((SECONDS - started)) s in all"
 if [ ${#failed[@]} -gt 0 ]; then echo "Kaggle rehearsal FAILED: ${failed[*]}"; exit 1; fi

@@ -15,15 +15,20 @@ bash tools/check_generated.sh   # distrinews/ = nbdev_export(nbs/), notebooks nb
 $BIN/ruff check .
 $BIN/ruff format --check .
 
-step "2/4 nbdev_test: every notebook once, profile=smoke"
-(cd nbs && ../$BIN/nbdev_test --n_workers 2 --timing)
-# the %%writefile cells of 03/04 write the training scripts, 06 writes deployment/ and the demo page: the committed
-# copies must be exactly what the notebooks write
+step "2/4 nbdev_test: every notebook once, profile=smoke   |   3/4 the Kaggle rehearsal: every notebook once more, alone"
+# the two stages run side by side (their log is printed as it comes: the rehearsal's here, nbdev_test's when it ends);
+# most of a notebook's time is starting processes and waiting on them, so two stages fill the two cores better than one
+logs=$(mktemp -d); trap 'rm -rf "$logs"' EXIT
+( cd nbs && ../$BIN/nbdev_test --n_workers 2 --timing >"$logs/nbdev_test.log" 2>&1; echo $? >"$logs/nbdev_test.rc" ) &
+rehearsal=0; bash tests/kaggle_rehearsal.sh || rehearsal=$?
+wait
+printf '\n--- nbdev_test (profile=smoke):\n'; cat "$logs/nbdev_test.log"
+[ "$(cat "$logs/nbdev_test.rc")" = 0 ] || { echo "nbdev_test failed"; exit 1; }
+[ "$rehearsal" = 0 ] || { echo "the Kaggle rehearsal failed"; exit 1; }
+# the %%writefile cells of 04 write the training script and its launcher, 06 writes deployment/ and the demo page: the
+# committed copies must be exactly what the notebooks write
 git diff --exit-code --stat -- nbs/*.py nbs/*.sh deployment distrinews/static || {
   echo "a file a notebook writes differs from the committed one: edit the notebook and commit what it writes."; exit 1; }
-
-step "3/4 Kaggle rehearsal: every notebook once more, alone in an empty folder, as on a Kaggle kernel"
-bash tests/kaggle_rehearsal.sh
 
 step "4/4 pytest: the library, the scripts, the server, the deployment (2 workers; slowest tests listed at the end)"
 # the demo-page test drives Debian's chromium headless (never `playwright install`: it downloads a browser)

@@ -20,7 +20,10 @@ from distrinews.ddp import main
 from distrinews.train import MANIFEST_FILE, verify_checkpoint
 
 # `main` is torchrun's entry point (@record): in-process, under pytest's captured output, it cannot install its handler
-pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Unable to enable fault handler"),
+    pytest.mark.xdist_group("checkpoints"),  # its module-scoped run is built once: all its tests on one worker
+]
 
 TINY = ["--profile", "smoke", "--data-source", "local", "--train-size", "32", "--test-size", "16"]
 TINY += ["--batch-size", "16", "--eval-batch-size", "16", "--max-length", "32", "--precision", "fp32"]
