@@ -1,6 +1,6 @@
-"""Training throughput: our trainer vs the reference design's loop, same model, same samples, one run.
+"""Training throughput: our trainer vs a plain training loop, same model, same samples, one run.
 
-The reference design's loop (../shared/reference/, `dataset.py` + `train_one_epoch`) pads every item to 128 tokens
+The plain loop (the original write-up's `dataset.py` + `train_one_epoch`) pads every item to 128 tokens
 at tokenization time, draws random batches and trains in fp32. Ours pads each batch to its own longest item, groups
 items of similar length into batches, and uses bf16 autocast where the hardware has it. Both take the same optimizer
 steps on the same rows with the same model and batch size; we time only the steps (after warm-up), and report

@@ -33,7 +33,7 @@ __all__ = ['COMMANDS', 'reference_loop', 'our_trainer', 'trainer_vs_reference', 
 
 # %% ../nbs/07_benchmarks.ipynb #3cbdb487
 def reference_loop(model_name, texts, labels, batch_size, steps, warmup, lr=2e-5, seed=0):
-    "The reference design's loop: pad to 128 up front, shuffled DataLoader, fp32 AdamW. Returns samples/s over `steps`."
+    "A plain training loop: pad to 128 up front, shuffled DataLoader, fp32 AdamW. Returns samples/s over `steps`."
     torch.manual_seed(seed)
     tokenizer, model = load_tokenizer(model_name), build_classifier(model_name, seed=seed)
     enc = tokenizer(texts, padding="max_length", truncation=True, max_length=128, return_tensors="pt")
@@ -80,7 +80,7 @@ def our_trainer(model_name, n_samples, batch_size, steps, precision="auto", seed
 def trainer_vs_reference(argv=None, out: str | os.PathLike = "trainer_vs_reference.json") -> dict:
     "The command line of benchmarks/trainer_vs_reference.py: both sides on the same rows; writes and returns the JSON."
     p = argparse.ArgumentParser(
-        prog="trainer_vs_reference.py", description="Training throughput: our trainer vs the reference design's loop"
+        prog="trainer_vs_reference.py", description="Training throughput: our trainer vs a plain training loop"
     )
     p.add_argument("--model", default=OFFLINE_ENCODER)
     p.add_argument("--samples", type=int, default=1024, help="rows of the local train split to use (stratified)")

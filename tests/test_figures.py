@@ -241,7 +241,7 @@ def test_the_sweep_finds_a_stale_figure():
 
 PRIVATE = re.compile(r"reference design|short of the target|meets the target|\btargets? of \d", re.I)
 # notebooks other helpers are rewriting in this round (#23): expected to pass once they land
-PENDING = {"05_inference", "07_benchmarks", "index"}
+PENDING: set[str] = set()
 
 
 @pytest.mark.parametrize(
