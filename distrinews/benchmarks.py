@@ -22,14 +22,15 @@ from pathlib import Path
 
 import torch
 
-from .data import load_agnews, stratified_indices, stratified_subset
+from .data import load_agnews, stratified_subset
+from .inference import fit_head  # a trained-looking model in seconds (05)
 from .model import OFFLINE_ENCODER, build_classifier, get_config, load_tokenizer
 from .serve import http_json, server_process
 from .train import make_trainer
 
 # %% auto #0
-__all__ = ['COMMANDS', 'reference_loop', 'our_trainer', 'trainer_vs_reference', 'ddp_scaling', 'fit_head', 'load_texts',
-           'percentile', 'Connection', 'load_test', 'summarize', 'server_flags', 'benchmark', 'serving_benchmark']
+__all__ = ['COMMANDS', 'reference_loop', 'our_trainer', 'trainer_vs_reference', 'ddp_scaling', 'load_texts', 'percentile',
+           'Connection', 'load_test', 'summarize', 'server_flags', 'benchmark', 'serving_benchmark']
 
 # %% ../nbs/07_benchmarks.ipynb #3cbdb487
 def reference_loop(model_name, texts, labels, batch_size, steps, warmup, lr=2e-5, seed=0):
@@ -362,54 +363,6 @@ def _agnews(split: str):
         return load_agnews(split, source="local") if locate_data(source="local") else None
     except DataFolderError:
         return None
-
-
-def fit_head(checkpoint: Path, out: Path, n: int = 512, max_length: int = 64) -> Path:
-    """A copy of `checkpoint` whose classification head is fitted on `n` AG News training items (a linear probe: the
-    encoder stays frozen, ~5 s on a CPU), so it predicts like a trained model. Rows: wherever the course finds them
-    offline."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    rows = _agnews("train")
-    if rows is None:
-        raise FileNotFoundError("no AG News without the hub (set DISTRINEWS_DATA_DIR) to fit a classification head on")
-    texts, labels = rows["text"], rows["label"]
-    rows = stratified_indices(labels, n, seed=0)
-    texts, labels = [texts[i] for i in rows], torch.tensor([labels[i] for i in rows])
-    model = AutoModelForSequenceClassification.from_pretrained(checkpoint).eval()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    feats = []
-    hook = model.classifier.register_forward_hook(lambda m, args, output: feats.append(args[0].detach()))
-    with torch.inference_mode():
-        for i in range(0, len(texts), 64):
-            model(
-                **tokenizer(
-                    texts[i : i + 64], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-                )
-            )
-    hook.remove()
-    x, head = torch.cat(feats), model.classifier
-    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
-    for _ in range(300):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(head(x), labels).backward()
-        opt.step()
-    accuracy = (head(x).argmax(-1) == labels).float().mean().item()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "run_config.json").write_text(
-        json.dumps(
-            {
-                "name": "minilm-linear-probe",
-                "model_name": "all-MiniLM-L6-v2",
-                "max_length": max_length,
-                "train_items": n,
-                "train_accuracy": accuracy,
-            }
-        )
-    )
-    return out
 
 
 def load_texts(n: int, max_words: int = 10, start: int = 0) -> list[str]:

@@ -23,8 +23,8 @@ __all__ = ['KAGGLE_HEADER', 'NO_DATA_MESSAGE', 'clean_text', 'AttachedInputError
            'is_agnews_folder', 'find_attached_agnews', 'is_model_folder', 'is_course_checkpoint',
            'find_attached_encoder', 'find_attached_checkpoint', 'DataFolderError', 'find_data_dir', 'read_agnews_csv',
            'locate_data', 'data_source', 'load_agnews', 'stratified_indices', 'stratified_subset', 'default_cache_dir',
-           'tokenize_dataset', 'make_collator', 'LengthGroupedBatchSampler', 'padding_fraction', 'load_splits',
-           'loader_options', 'build_dataloaders']
+           'tokenize_dataset', 'make_collator', 'LengthGroupedBatchSampler', 'padding_fraction', 'check_training_rows',
+           'load_splits', 'loader_options', 'build_dataloaders']
 
 # %% ../nbs/02_dataset.ipynb #a8c178b8
 def clean_text(text: str) -> str:
@@ -398,11 +398,27 @@ def padding_fraction(batches, lengths) -> float:
     return 1 - sum(lengths[i] for b in batches for i in b) / slots
 
 # %% ../nbs/02_dataset.ipynb #f18da21c
+def check_training_rows(train, requested: int | None = None):
+    """Refuse training rows a classifier cannot learn AG News from: rows missing one of the four classes (it would
+    never predict it). Fewer rows than `train_size` asked for are said once; the run trains on what there is."""
+    found = sorted(set(train["label"]))
+    if len(found) < len(LABELS):
+        missing = ", ".join(label for k, label in enumerate(LABELS) if k not in found)
+        raise DataFolderError(
+            f"the {len(train)} training rows hold {len(found)} of the {len(LABELS)} classes (no {missing}): a "
+            "classifier never learns a class it does not see. Check the train file (its label column), or train on "
+            "more rows (train_size)."
+        )
+    if requested and len(train) < requested:
+        print(f"note: train_size={requested}, but the training file has {len(train)} rows: training on all of them.")
+
+
 def load_splits(cfg):
     """The training rows and the rows `evaluate` measures, for `cfg` (raw text, stratified subsets).
     With `validation_size`, that many training rows are held out; `eval_split='validation'` evaluates on them
     instead of the test split, so settings are chosen without ever looking at the test rows."""
     train = stratified_subset(load_agnews("train", cfg.data_dir, cfg.data_source), cfg.train_size, seed=cfg.seed)
+    check_training_rows(train, cfg.train_size)
     if cfg.validation_size:
         if cfg.validation_size >= len(train):
             raise ValueError(f"validation_size={cfg.validation_size} leaves no training rows out of {len(train)}.")

@@ -134,17 +134,21 @@ def check_checkpoint_dir(path: str | os.PathLike) -> Path:
 # %% ../nbs/05_inference.ipynb #a1f0c002
 def fit_head(checkpoint: str | os.PathLike, out: str | os.PathLike, n: int = 512, max_length: int = 64) -> Path:
     """A copy of `checkpoint` in `out` whose classification head is fitted on `n` AG News training items: a linear
-    probe (the encoder stays frozen; seconds on a CPU), so it predicts like a trained model. Needs the local AG News
-    files (`$DISTRINEWS_DATA_DIR`)."""
+    probe (the encoder stays frozen; seconds on a CPU), so it predicts like a trained model. The rows come from
+    wherever the course finds AG News without the hub: `$DISTRINEWS_DATA_DIR`, or a copy attached on Kaggle."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from distrinews.data import find_data_dir, read_agnews_csv, stratified_indices
+    from distrinews.data import DataFolderError, load_agnews, locate_data, stratified_indices
 
     _quiet_transformers()
-    data_dir, out = find_data_dir(), Path(out)
-    if data_dir is None or not (data_dir / "train.csv").is_file():
-        raise FileNotFoundError("no local AG News train.csv to fit a head on: set DISTRINEWS_DATA_DIR")
-    texts, labels = read_agnews_csv(data_dir / "train.csv")
+    out = Path(out)
+    try:
+        found = load_agnews("train", source="local") if locate_data(source="local") else None
+    except DataFolderError:
+        found = None
+    if found is None:
+        raise FileNotFoundError("no AG News without the hub to fit a head on: set DISTRINEWS_DATA_DIR")
+    texts, labels = found["text"], found["label"]
     rows = stratified_indices(labels, n, seed=0)
     texts, labels = [texts[i] for i in rows], torch.tensor([labels[i] for i in rows])
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, local_files_only=True).eval()

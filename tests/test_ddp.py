@@ -256,7 +256,7 @@ def test_bad_launches_fail_clearly(tmp_path):
             str(SCRIPT),
             *TINY,
             "--train-size",
-            "3",
+            "4",
             "--output-dir",
             str(tmp_path),
         ],
@@ -266,7 +266,8 @@ def test_bad_launches_fail_clearly(tmp_path):
         cwd=ROOT,
         timeout=120,
     )
-    # 3 workers, 3 rows: one batch for three ranks. Once a hang until the collective timeout; now refused at the start
-    assert p.returncode != 0 and "3 training rows make 1 batch(es) of up to 16, fewer than the 3 processes" in (
+    # 3 workers, 4 rows (one per class): one batch for three ranks. Once a hang until the collective timeout; now
+    # refused at the start
+    assert p.returncode != 0 and "4 training rows make 1 batch(es) of up to 16, fewer than the 3 processes" in (
         p.stdout + p.stderr
     )
