@@ -1,7 +1,7 @@
 """Execute the course: run every numbered notebook in nbs/ on the profile it is about and write its outputs back into
 the notebook, so that a reader on GitHub, nbviewer or Kaggle sees what a run shows (`make course` calls this).
 
-    make course                                   # all notebooks, in order (about 54 min on 2 CPU cores)
+    make course                                   # all notebooks, in order (about an hour on 2 CPU cores)
     .venv/bin/python tools/course.py 03 04 05     # some of them (05 and 06 read the checkpoint 04 trains)
     .venv/bin/python tools/course.py --tidy X.ipynb   # only make an executed notebook fit to commit (benchmarks/run.py)
 
