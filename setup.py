@@ -28,7 +28,13 @@ setuptools.setup(
     url=cfg["git_url"],
     keywords=cfg["keywords"],
     python_requires=f">={cfg['min_python']}",
-    packages=setuptools.find_packages(include=[cfg["lib_name"], f"{cfg['lib_name']}.*"]),
+    # the training scripts that notebooks 03 and 04 write into nbs/ ship inside the package as `distrinews.scripts`, so
+    # that a session without this repository (Kaggle, Ray workers) runs the very same files: one program, one copy
+    packages=[
+        *setuptools.find_packages(include=[cfg["lib_name"], f"{cfg['lib_name']}.*"]),
+        f"{cfg['lib_name']}.scripts",
+    ],
+    package_dir={f"{cfg['lib_name']}.scripts": "nbs"},
     include_package_data=True,
     package_data={cfg["lib_name"]: ["static/*"]},  # the demo page (distrinews/static/index.html)
     install_requires=split("requirements") + split("pip_requirements"),

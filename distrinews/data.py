@@ -9,12 +9,14 @@ import csv
 import hashlib
 import html
 import json
+import math
 import os
 import re
 import warnings
 from pathlib import Path
 
 import torch
+from torch.utils.data import DistributedSampler
 
 from .model import LABELS, hub_offline
 
@@ -23,8 +25,8 @@ __all__ = ['KAGGLE_HEADER', 'NO_DATA_MESSAGE', 'clean_text', 'AttachedInputError
            'is_agnews_folder', 'find_attached_agnews', 'is_model_folder', 'is_course_checkpoint',
            'find_attached_encoder', 'find_attached_checkpoint', 'DataFolderError', 'find_data_dir', 'read_agnews_csv',
            'locate_data', 'data_source', 'load_agnews', 'stratified_indices', 'stratified_subset', 'default_cache_dir',
-           'tokenize_dataset', 'make_collator', 'LengthGroupedBatchSampler', 'padding_fraction', 'check_training_rows',
-           'load_splits', 'loader_options', 'build_dataloaders']
+           'tokenize_dataset', 'make_collator', 'LengthGroupedSampler', 'padding_fraction', 'check_training_rows',
+           'load_splits', 'load_tokenized_splits', 'loader_options']
 
 # %% ../nbs/02_dataset.ipynb #a8c178b8
 def clean_text(text: str) -> str:
@@ -336,60 +338,46 @@ def make_collator(tokenizer, pad_to_multiple_of: int | None = None):
 
     return collate
 
-# %% ../nbs/02_dataset.ipynb #75cd51d1
-class LengthGroupedBatchSampler(torch.utils.data.Sampler):
-    "Batches of similar-length items, shuffled per epoch, sharded across `num_replicas` ranks (same batch count each)."
+# %% ../nbs/02_dataset.ipynb #7fb27b941602401d91542211134fc71a
+class LengthGroupedSampler(DistributedSampler):
+    """torch's `DistributedSampler` with one change: the rows of each optimizer step (every rank's batch of `batch_size`
+    at that step) have similar lengths, so batches padded to their longest row carry little padding.
 
-    def __init__(
-        self,
-        lengths,
-        batch_size: int,
-        shuffle: bool = True,
-        group_by_length: bool = True,
-        num_replicas: int = 1,
-        rank: int = 0,
-        seed: int = 0,
-        even_batches: bool = True,
-        mega_batches: int = 50,
-    ):
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is not in [0, num_replicas={num_replicas}).")
+    What stays as in `DistributedSampler`: the same shuffle on every rank (seeded by `seed + epoch`, so call
+    `set_epoch` every epoch), padding with repeated rows to a multiple of `num_replicas`, and rank r taking every
+    `num_replicas`-th row from position r. What changes is the order the rows are dealt in: shuffled rows are taken in
+    chunks of `mega_batches` steps, sorted by length within each chunk, cut into steps of `batch_size x num_replicas`
+    rows, and the steps shuffled (a partial last step stays last). A step holds the same rows whatever the number of
+    ranks, so 2 ranks x batch b train on exactly what 1 process x batch 2b trains on."""
+
+    def __init__(self, dataset, batch_size: int, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False,
+                 mega_batches: int = 50):  # fmt: skip
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-        self.lengths = [int(x) for x in lengths]
-        self.batch_size, self.shuffle, self.group_by_length = batch_size, shuffle, group_by_length
-        self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
-        self.even_batches, self.mega_batches = even_batches, mega_batches
-        self.epoch, self.start_batch = 0, 0
+        self.lengths = [int(n) for n in dataset["length"]]
+        self.batch_size, self.mega_batches = batch_size, mega_batches
 
-    def set_epoch(self, epoch: int, start_batch: int = 0):
-        "Reshuffle for `epoch`; skip this rank's first `start_batch` batches (used when resuming mid-epoch)."
-        self.epoch, self.start_batch = epoch, start_batch
-
-    def global_batches(self) -> list[list[list[int]]]:
-        "This epoch's batches for all ranks, as steps: `steps[s][r]` is rank r's batch at step s."
-        n, bs, R = len(self.lengths), self.batch_size, self.num_replicas
+    def steps(self) -> list[list[int]]:
+        "This epoch's optimizer steps, each the rows of all ranks' batches at that step."
+        n, step = len(self.lengths), self.batch_size * self.num_replicas
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(n, generator=g).tolist() if self.shuffle else list(range(n))
-        if self.group_by_length:
-            size = n if not self.shuffle else bs * R * self.mega_batches
-            order = [i for s in range(0, n, size) for i in sorted(order[s : s + size], key=lambda i: -self.lengths[i])]
-        batches = [order[s : s + bs] for s in range(0, n, bs)]
-        steps = [batches[s : s + R] for s in range(0, len(batches), R)]
-        if self.even_batches and steps and len(steps[-1]) < R:  # top up the last, short step with the first batches
-            steps[-1] = steps[-1] + batches[: R - len(steps[-1])]
-        if self.shuffle and len(steps) > 1:
-            steps = [steps[i] for i in torch.randperm(len(steps), generator=g).tolist()]
-        return steps
+        chunk = step * self.mega_batches if self.shuffle else n
+        order = [i for s in range(0, n, chunk) for i in sorted(order[s : s + chunk], key=lambda i: -self.lengths[i])]
+        steps = [order[s : s + step] for s in range(0, n, step)]
+        full, last = (steps, []) if len(steps[-1]) == step else (steps[:-1], steps[-1:])
+        if self.shuffle:
+            full = [full[k] for k in torch.randperm(len(full), generator=g).tolist()]
+        return full + last
 
     def __iter__(self):
-        for step in self.global_batches()[self.start_batch :]:
-            if self.rank < len(step):
-                yield step[self.rank]
-
-    def __len__(self):
-        steps = self.global_batches()[self.start_batch :]
-        return sum(1 for step in steps if self.rank < len(step))
+        order = [i for step in self.steps() for i in step]
+        if self.drop_last:  # then as DistributedSampler: the same number of rows on every rank
+            order = order[: self.total_size]
+        else:
+            order += (order * math.ceil(self.total_size / len(order)))[: self.total_size - len(order)]
+        return iter(order[self.rank : self.total_size : self.num_replicas])
 
 # %% ../nbs/02_dataset.ipynb #28d70f64
 def padding_fraction(batches, lengths) -> float:
@@ -430,53 +418,25 @@ def load_splits(cfg):
     return train, stratified_subset(load_agnews("test", cfg.data_dir, cfg.data_source), cfg.test_size, seed=cfg.seed)
 
 
-def loader_options(device: str | torch.device, precision: str = "fp32") -> dict:
-    """How to feed `device`: on a GPU, page-locked (pinned) batches copied asynchronously, 2 worker processes to collate
-    while the GPU computes, and lengths padded to multiples of 8 under half precision (tensor cores work in tiles of 8).
-    On a CPU none of it helps: workers would take cores from the training itself."""
+def load_tokenized_splits(cfg, tokenizer):
+    """`cfg`'s training rows and the rows evaluation measures, tokenized (and cached) as torch tensors. The evaluation
+    rows are sorted by length: split into contiguous shards and batched in order, their batches carry little padding."""
+    train, test = (tokenize_dataset(ds, tokenizer, cfg.max_length) for ds in load_splits(cfg))
+    by_length = sorted(range(len(test)), key=test["length"].__getitem__)
+    return train.with_format("torch"), test.select(by_length).with_format("torch")
+
+
+def loader_options(tokenizer, device: str | torch.device, precision: str = "fp32") -> dict:
+    """The `DataLoader` arguments for feeding `device`: batches padded to their longest row (`make_collator`), and on a
+    GPU page-locked (pinned) memory for asynchronous copies, 2 worker processes that collate while the GPU computes,
+    and lengths padded to multiples of 8 under half precision (tensor cores work in tiles of 8). On a CPU none of that
+    helps: workers would take cores from the training itself. A private random generator keeps the loader off the
+    global one, so a resumed run draws the same dropout masks as an uninterrupted one."""
     cuda = torch.device(device).type == "cuda"
     return dict(
+        collate_fn=make_collator(tokenizer, 8 if cuda and precision in ("fp16", "bf16") else None),
         pin_memory=cuda,
         num_workers=2 if cuda else 0,
-        pad_to_multiple_of=8 if cuda and precision in ("fp16", "bf16") else None,
-    )
-
-
-def build_dataloaders(
-    cfg,
-    tokenizer,
-    num_replicas: int = 1,
-    rank: int = 0,
-    pad_to_multiple_of: int | None = None,
-    pin_memory: bool = False,
-    num_workers: int = 0,
-):
-    """Train and evaluation DataLoaders for `cfg` (length-grouped; sharded when `num_replicas` > 1; exact, unpadded eval
-    shards)."""
-    from torch.utils.data import DataLoader
-
-    train, test = (tokenize_dataset(ds, tokenizer, cfg.max_length) for ds in load_splits(cfg))
-    collate = make_collator(tokenizer, pad_to_multiple_of)
-    train_sampler = LengthGroupedBatchSampler(
-        train["length"],
-        cfg.batch_size,
-        shuffle=True,
-        group_by_length=cfg.group_by_length,
-        num_replicas=num_replicas,
-        rank=rank,
-        seed=cfg.seed,
-    )
-    test_sampler = LengthGroupedBatchSampler(
-        test["length"], cfg.eval_batch_size, shuffle=False, num_replicas=num_replicas, rank=rank, even_batches=False
-    )
-    # a private generator keeps DataLoader off the global RNG, so a resumed run replays the same dropout masks
-    loader = lambda ds, s: DataLoader(
-        ds.with_format("torch"),
-        batch_sampler=s,
-        collate_fn=collate,
+        persistent_workers=cuda,
         generator=torch.Generator().manual_seed(0),
-        pin_memory=pin_memory,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
     )
-    return loader(train, train_sampler), loader(test, test_sampler)

@@ -1,22 +1,166 @@
-r"""DistriNews: fine-tune a news classifier on AG News with DistributedDataParallel.
+"""Fine-tune a news classifier on AG News with DistributedDataParallel: one process per GPU (or per CPU worker).
 
-Written by nbs/04_ddp.ipynb -- edit the notebook, not this file. Launch with torchrun:
+Written by notebook 04 (`%%writefile`) from train_single.py (notebook 03): `diff -u train_single.py train_ddp.py`
+shows every line that DDP adds. Launch it with torchrun, which starts one process per worker:
 
-  # one machine: 2 workers (CPU: gloo, 1 thread each; GPUs: nccl, one GPU each)
   torchrun --standalone --nproc_per_node=2 train_ddp.py --profile cpu --global-batch-size 32
   # fault tolerant: a snapshot every 50 steps; up to 3 restarts, each resuming from the latest snapshot
   torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --profile cpu --save-every 50
-  # two machines, 2 GPUs each: run on both (node_rank 0 on the first, 1 on the second), pointing at node 0
-  # (open port 29500 between them)
+  # two machines with 2 GPUs each: the same command on both (--node_rank=1 on the second), pointing at the first
   torchrun --nnodes=2 --node_rank=0 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 \
       --rdzv_id=news train_ddp.py --profile kaggle
-  # without torchrun it is a plain single-process run (the same program as the `distrinews-train` command)
-  python train_ddp.py --profile smoke
 
-Every RunConfig field is a flag (--lr 5e-5, --epochs 3, --comm-hook bf16); `--help` lists them.
+Every RunConfig field is a flag (--lr 5e-5, --epochs 3, --comm-hook bf16); --help lists them.
 """
 
-from distrinews.ddp import main  # the command line: flags -> RunConfig -> train_distributed (notebook 04)
+import contextlib
+import itertools
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+from tqdm.auto import tqdm
+
+from distrinews.ddp import init_options, register_comm_hook, replicas_in_sync
+from distrinews.data import LengthGroupedSampler, load_tokenized_splits, loader_options
+from distrinews.train import (
+    autocast, check_config, check_finite_loss, check_finite_weights, checkpoint_dir, clear_errors, config_from_args,
+    epoch_metrics, evaluate_counts, load_model, make_grad_scaler, make_optimizer, make_scheduler, make_weight_average,
+    metrics_from_counts, optimizer_step, per_rank_batch_size, pick_device, pick_precision, prepare_run, resume_from,
+    rng_state, save_checkpoint, simulate_failure, training_parser, training_state, write_metrics,
+)  # fmt: skip
+
+
+def make_loaders(cfg, tokenizer, device, precision, rank, world_size):
+    "The training rows, shuffled every epoch and split between the ranks, and the test rows, each on exactly one rank."
+    train_ds, test_ds = load_tokenized_splits(cfg, tokenizer)  # tokenized once and cached; test rows sorted by length
+    shard = dict(num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
+    if cfg.group_by_length:  # DistributedSampler with one change: similar lengths in a batch, so little padding
+        sampler = LengthGroupedSampler(train_ds, cfg.batch_size, **shard)
+    else:
+        sampler = DistributedSampler(train_ds, **shard)
+    train_dl = DataLoader(train_ds, cfg.batch_size, sampler=sampler, **loader_options(tokenizer, device, precision))
+    test_ds = test_ds.shard(world_size, rank, contiguous=True)
+    test_dl = DataLoader(test_ds, cfg.eval_batch_size, **loader_options(tokenizer, device, precision))
+    return train_dl, test_dl, sampler
+
+
+def evaluate(model, test_dl, device, precision) -> dict:
+    "Loss, accuracy, per-class accuracy and confusion matrix over every test row."
+    counts = evaluate_counts(model, test_dl, device, precision)  # this rank's loss sum and confusion matrix
+    dist.all_reduce(counts)  # summed over the ranks: each test row was on exactly one, so the metrics are exact
+    return metrics_from_counts(counts)
+
+
+def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None):
+    "Train `cfg` to its last epoch (resuming from its checkpoint if there is one); returns the run's progress."
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # which worker this is, of how many
+    master_process = rank == 0
+    log = print if master_process else lambda *args: None
+    precision = pick_precision(cfg.precision, device)
+    if not master_process:
+        dist.barrier()  # rank 0 first: it alone downloads the model and data and fills the tokenization cache
+    checkpoint = prepare_run(cfg, resume, tidy=master_process)  # the folder checked, the checkpoint found (or None)
+    tokenizer, model = load_model(cfg, checkpoint, device)  # downloads the model once (the hub's cache)
+    train_dl, test_dl, sampler = make_loaders(cfg, tokenizer, device, precision, rank, world_size)
+    if master_process:
+        dist.barrier()  # everything is cached now: the other ranks read it, none of them races on the hub
+
+    ema = make_weight_average(model, cfg.ema_decay)  # None unless --ema-decay: a moving average of the weights
+    # a replica on every rank; backward() averages the gradients over the ranks, bucket by bucket, as it goes
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    register_comm_hook(model, cfg.comm_hook)  # --comm-hook fp16/bf16/powersgd compresses the gradients in flight
+    raw_model = model.module  # the model inside the wrapper: what the optimizer steps and the checkpoint holds
+    shipped = raw_model if ema is None else ema.module  # what we evaluate and serve
+    optimizer = make_optimizer(raw_model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
+    total_steps = math.ceil(len(train_dl) / cfg.grad_accum) * cfg.epochs
+    scheduler = make_scheduler(optimizer, total_steps, int(cfg.warmup_ratio * total_steps))
+    scaler = make_grad_scaler(precision, device)  # fp16 only: scales the loss so that small gradients survive
+    run = resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, raw_model, ema, log)
+
+    def save_snapshot():
+        "A resumable checkpoint: weights, optimizer, schedule, the place in the data and the random streams."
+        check_finite_weights(shipped, run.step)  # a diverged run must not overwrite the last good checkpoint
+        rng_states = [None] * world_size
+        dist.all_gather_object(rng_states, rng_state())  # every rank's random stream: its dropout masks are its own
+        if master_process:
+            state = training_state(run, optimizer, scheduler, scaler, rng_states, raw_model, ema)
+            save_checkpoint(checkpoint_dir(cfg), shipped, tokenizer, cfg, state)
+        dist.barrier()  # no rank goes on (or reads the checkpoint) before it is complete
+
+    log(f"{world_size} process(es) x batch {cfg.batch_size} x {cfg.grad_accum} accumulation, {device}, {precision}")
+    for epoch in range(run.epoch, cfg.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch
+        model.train()
+        loss_sum, batches, samples, started = 0.0, 0, 0, time.perf_counter()
+        bar = tqdm(total=len(train_dl), initial=run.batches_done, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                   disable=not master_process, leave=False, mininterval=2)  # fmt: skip
+        for i, batch in enumerate(itertools.islice(train_dl, run.batches_done, None), start=run.batches_done):
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            labels = batch.pop("labels")
+            last_micro_batch = (i + 1) % cfg.grad_accum == 0 or i + 1 == len(train_dl)  # then the optimizer steps
+            # all-reduce the gradients only on the step's last micro-batch: the switch is set before the forward pass
+            with contextlib.nullcontext() if last_micro_batch else model.no_sync():
+                with autocast(device, precision):
+                    logits = model(**batch).logits
+                loss = torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
+                scaler.scale(loss / cfg.grad_accum).backward()
+            check_finite_loss(loss, run.step, precision)
+            loss_sum, batches, samples = loss_sum + loss.item(), batches + 1, samples + len(labels)
+            run.batches_done = i + 1
+            bar.update()
+            if last_micro_batch:
+                optimizer_step(optimizer, scaler, scheduler, raw_model, cfg.max_grad_norm)  # clip, step, zero
+                if ema is not None:
+                    ema.update_parameters(raw_model)
+                run.step += 1
+                run.train_log.append((run.step, loss.item()))
+                simulate_failure(fail_at_step, run.step, rank)  # the fault-tolerance demo (--simulate-failure-at-step)
+                if cfg.save_every and run.step % cfg.save_every == 0:
+                    save_snapshot()
+        bar.close()
+        seconds = time.perf_counter() - started
+        totals = torch.tensor([loss_sum, batches, samples], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)  # the loss and the samples of every rank
+        run.epoch, run.batches_done = epoch + 1, 0
+        metrics = dict(epoch=run.epoch, step=run.step, **epoch_metrics(totals, seconds))
+        metrics.update(evaluate(shipped, test_dl, device, precision))
+        if ema is not None:  # the live weights beside their average, on the same run
+            live = evaluate(raw_model, test_dl, device, precision)
+            metrics.update(live_accuracy=live["accuracy"], live_eval_loss=live["eval_loss"])
+        run.history.append(metrics)
+        save_snapshot()
+        if master_process:
+            print(write_metrics(cfg, run))  # metrics.json, the training curves and a line for this epoch
+        if on_epoch_end is not None:  # Optuna prunes a poor trial here, Ray Train reports to its driver
+            on_epoch_end(metrics, raw_model)
+    in_sync = replicas_in_sync(raw_model, device)  # the proof that DDP did its job: the same weights on every rank
+    log(f"replicas in sync after training: {in_sync}")
+    return run
+
+
+def main(argv=None):
+    args = training_parser("train_ddp.py").parse_args(argv)
+    cfg, device = config_from_args(args), pick_device(local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+    if args.check:  # check the configuration and stop: one clear message before any real work
+        return check_config(cfg, device)
+    # torchrun tells each process who it is (RANK, LOCAL_RANK, WORLD_SIZE) and where to meet the others
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # this process's own GPU, before anything else touches one
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **init_options(args.timeout, device))
+    try:
+        if args.global_batch_size:
+            cfg.batch_size = per_rank_batch_size(args.global_batch_size, dist.get_world_size(), cfg.grad_accum)
+        train(cfg, device, resume=args.resume, fail_at_step=args.simulate_failure_at_step)
+    finally:
+        dist.destroy_process_group()  # also when this rank fails: the others stop waiting for it
+
 
 if __name__ == "__main__":
-    main()
+    with clear_errors("train_ddp.py"):  # a mistake ends with one line saying what to change, not a traceback
+        main()
