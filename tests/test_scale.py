@@ -1,5 +1,7 @@
 """Distributed tuning on a real PostgreSQL server (notebook 11): a throwaway server started by the test, worker
-processes of `python -m distrinews.scale tune-worker` pulling trials from one Optuna study.
+processes of `python -m distrinews.scale tune-worker` pulling trials from one Optuna study. Every trial is a run of
+notebook 03's training script (`distrinews.scripts.train_single.train`, the program `python train_single.py` runs),
+whose `on_epoch_end` reports the validation accuracy to Optuna and raises `TrialPruned` when the pruner says so.
 
 - two workers share the study: every enqueued trial is run exactly once, by one of them;
 - a trial designed to be poor (lr=1e-7, 2 epochs) is pruned after its first epoch by the median rule;
@@ -7,7 +9,9 @@ processes of `python -m distrinews.scale tune-worker` pulling trials from one Op
   trial marks it FAIL (its heartbeat stopped) and runs the copy that `RetryFailedTrialCallback` queued;
 - the server is gone afterwards, and a storage that cannot be reached is reported in one line.
 
-Ray Train and Ray Tune run in the notebook itself (nbs/11_scale_out.ipynb), where one Ray instance serves both.
+Ray Train and Ray Tune run in the notebook itself (nbs/11_scale_out.ipynb), where one Ray instance serves both: Ray
+Train runs notebook 04's `train_ddp.py` (its `train`, in Ray's process group) with a worker killed mid-run, and its
+final weights and test accuracy must equal those of the same script launched by torchrun.
 """
 
 import os
