@@ -8,10 +8,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.resources
 import json
 import math
 import os
 import platform
+import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -22,19 +25,40 @@ from pathlib import Path
 
 import torch
 
-from .data import load_agnews, stratified_subset
+from .data import load_agnews, load_splits
 from .inference import fit_head  # a trained-looking model in seconds (05)
-from .model import OFFLINE_ENCODER, build_classifier, get_config, load_tokenizer
+from .model import OFFLINE_ENCODER, build_classifier, config_from_args, load_tokenizer
 from .serve import http_json, server_process
-from .train import make_trainer
+from .train import pick_device, pick_precision, training_parser
 
 # %% auto #0
-__all__ = ['COMMANDS', 'reference_loop', 'our_trainer', 'trainer_vs_reference', 'ddp_scaling', 'load_texts', 'percentile',
-           'Connection', 'load_test', 'summarize', 'server_flags', 'benchmark', 'serving_benchmark']
+__all__ = ['COMMANDS', 'training_script', 'training_flags', 'run_script', 'reference_loop', 'trainer_vs_reference',
+           'train_ddp_shm', 'ddp_scaling', 'load_texts', 'percentile', 'Connection', 'load_test', 'summarize',
+           'server_flags', 'benchmark', 'serving_benchmark']
+
+# %% ../nbs/07_benchmarks.ipynb #b7e3c1a1
+def training_script(name: str) -> Path:
+    "`train_single.py` or `train_ddp.py`, the scripts notebooks 03 and 04 write, as the course installs them."
+    return Path(str(importlib.resources.files("distrinews.scripts") / name))
+
+
+def training_flags(**fields) -> list[str]:
+    "RunConfig fields as the training scripts' flags: `train_size=64` -> `['--train-size', '64']`."
+    return [x for name, value in fields.items() for x in (f"--{name.replace('_', '-')}", str(value))]
+
+
+def run_script(command: list[str], output_dir: str | os.PathLike, env: dict | None = None) -> list[dict]:
+    """Run a training `command` to its end and return its metrics, one dict per epoch (`metrics.json` in
+    `output_dir`). A failed run raises with the command and the end of what it printed to stderr."""
+    p = subprocess.run(command, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"exit status {p.returncode}: {shlex.join(command)}\n{p.stderr[-3000:]}")
+    return json.loads((Path(output_dir) / "metrics.json").read_text())
 
 # %% ../nbs/07_benchmarks.ipynb #3cbdb487
-def reference_loop(model_name, texts, labels, batch_size, steps, warmup, lr=2e-5, seed=0):
-    "A plain training loop: pad to 128 up front, shuffled DataLoader, fp32 AdamW. Returns samples/s over `steps`."
+def reference_loop(model_name, texts, labels, batch_size, warmup, lr=2e-5, seed=0) -> dict:
+    """A plain training loop: pad to 128 up front, shuffled DataLoader, fp32 AdamW. After `warmup` untimed steps it
+    times one full pass over the rows; returns that pass's samples, optimizer steps and seconds."""
     torch.manual_seed(seed)
     tokenizer, model = load_tokenizer(model_name), build_classifier(model_name, seed=seed)
     enc = tokenizer(texts, padding="max_length", truncation=True, max_length=128, return_tensors="pt")
@@ -42,75 +66,76 @@ def reference_loop(model_name, texts, labels, batch_size, steps, warmup, lr=2e-5
     loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
-    done, samples, started = 0, 0, None
-    while done < warmup + steps:
-        for input_ids, attention_mask, y in loader:
-            if done == warmup:
-                started, samples = time.perf_counter(), 0
-            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=y).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            done += 1
-            samples += len(y)
-            if done == warmup + steps:
-                break
-    return samples / (time.perf_counter() - started)
 
+    def step(input_ids, attention_mask, y):
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=y).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
 
-def our_trainer(model_name, n_samples, batch_size, steps, precision="auto", seed=0):
-    "Our `Trainer` on the same rows (a stratified subset of the train split): samples/s over `steps` optimizer steps."
-    cfg = get_config(
-        "cpu",
-        use_env=False,
-        model_name=model_name,
-        train_size=n_samples,
-        test_size=64,
-        batch_size=batch_size,
-        precision=precision,
-        seed=seed,
-        epochs=2,
-        output_dir=tempfile.mkdtemp(prefix="distrinews-bench-trainer-"),
-    )
-    trainer = make_trainer(cfg, progress=False, log=lambda *a: None)
-    trainer.train_epoch()  # warm-up: one pass, so every batch shape has met the kernels once
-    # the next pass over the same rows (same batches, new order), timed
-    return trainer.train_epoch(stop_at_step=trainer.step + steps)["train_samples_per_s"], trainer.precision
+    for _, batch in zip(range(warmup), loader):
+        step(*batch)
+    samples, steps, started = 0, 0, time.perf_counter()
+    for batch in loader:  # one pass over every row: as many steps as the training script's epoch
+        step(*batch)
+        samples, steps = samples + len(batch[2]), steps + 1
+    return dict(samples=samples, steps=steps, seconds=time.perf_counter() - started)
 
 
 def trainer_vs_reference(argv=None, out: str | os.PathLike = "trainer_vs_reference.json") -> dict:
-    "The command line of benchmarks/trainer_vs_reference.py: both sides on the same rows; writes and returns the JSON."
+    """The command line of benchmarks/trainer_vs_reference.py: train_single.py (notebook 03) and a plain loop on the
+    same rows, the same number of optimizer steps each; writes and returns the JSON."""
     p = argparse.ArgumentParser(
-        prog="trainer_vs_reference.py", description="Training throughput: our trainer vs a plain training loop"
+        prog="trainer_vs_reference.py",
+        description="Training throughput: the course's training script vs a plain training loop",
     )
     p.add_argument("--model", default=OFFLINE_ENCODER)
-    p.add_argument("--samples", type=int, default=1024, help="rows of the local train split to use (stratified)")
+    p.add_argument("--samples", type=int, default=1024, help="training rows (a stratified subset of the train split)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, help="timed optimizer steps for each side (default: one pass over --samples)")
-    p.add_argument(
-        "--warmup", type=int, default=3, help="untimed steps of the reference loop (ours warms up for one pass)"
-    )
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps of the plain loop (the script's: one pass)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--precision", default="auto", help="the script's --precision (the plain loop trains in fp32)")
     p.add_argument("--out", default=str(out))
     a = p.parse_args(argv)
-    a.steps = a.steps or a.samples // a.batch_size
-    if a.samples < a.batch_size * a.steps:
-        p.error(f"--samples must cover the timed steps: at least {a.batch_size * a.steps}")
     torch.set_num_threads(a.threads)
-    rows = stratified_subset(load_agnews("train"), a.samples, seed=0)
-    ref = reference_loop(a.model, list(rows["text"]), list(rows["label"]), a.batch_size, a.steps, a.warmup)
-    ours, precision = our_trainer(a.model, a.samples, a.batch_size, a.steps)
+    work = Path(tempfile.mkdtemp(prefix="distrinews-bench-trainer-"))
+    # two epochs of train_single.py over the rows: the first warms up (every batch shape meets the kernels once), the
+    # second is timed by the script itself
+    flags = training_flags(
+        profile="cpu",
+        model_name=a.model,
+        train_size=a.samples,
+        test_size=64,
+        batch_size=a.batch_size,
+        precision=a.precision,
+        seed=0,
+        epochs=2,
+        num_threads=a.threads,
+    )
+    run_flags = [*flags, "--output-dir", str(work), "--fresh"]
+    cfg = config_from_args(training_parser().parse_args(run_flags))
+    rows = load_splits(cfg)[0]  # the very rows the script trains on: the plain loop trains on them too
+    ref = reference_loop(a.model, list(rows["text"]), [int(y) for y in rows["label"]], a.batch_size, a.warmup)
+    warm, timed = run_script([sys.executable, str(training_script("train_single.py")), *run_flags], work)[-2:]
+    shutil.rmtree(work, ignore_errors=True)
+    ours = dict(samples=timed["train_samples"], steps=timed["step"] - warm["step"], seconds=timed["train_seconds"])
+    if (ours["samples"], ours["steps"]) != (ref["samples"], ref["steps"]):
+        raise RuntimeError(f"the two sides did different work: script {ours}, plain loop {ref}")
+    precision = pick_precision(cfg.precision, pick_device())
+    ref_speed, our_speed = ref["samples"] / ref["seconds"], ours["samples"] / ours["seconds"]
     result = dict(
         benchmark="trainer_vs_reference",
         model=a.model,
-        samples=a.samples,
+        samples=len(rows),
         batch_size=a.batch_size,
-        timed_steps=a.steps,
+        timed_steps=ours["steps"],
+        timed_samples=ours["samples"],
         threads=a.threads,
-        reference_samples_per_s=round(ref, 2),
-        ours_samples_per_s=round(ours, 2),
+        ours_program="train_single.py (notebook 03), its second epoch",
+        ours_command=shlex.join(["python", "train_single.py", *flags]),
+        reference_samples_per_s=round(ref_speed, 2),
+        ours_samples_per_s=round(our_speed, 2),
         ours_precision=precision,
-        speedup=round(ours / ref, 2),
+        speedup=round(our_speed / ref_speed, 2),
         machine=dict(
             cpu=platform.processor() or platform.machine(),
             cores=os.cpu_count(),
@@ -122,66 +147,29 @@ def trainer_vs_reference(argv=None, out: str | os.PathLike = "trainer_vs_referen
     )
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"reference loop (pad to 128, fp32, random batches): {ref:7.1f} samples/s")
-    print(f"our trainer ({precision}, length-grouped, dynamic padding): {ours:7.1f} samples/s")
-    print(f"speed-up: {ours / ref:.2f}x   -> {a.out}")
+    print(f"plain loop (pad to 128, fp32, random batches): {ref_speed:7.1f} samples/s")
+    print(f"train_single.py ({precision}, length-grouped, dynamic padding): {our_speed:7.1f} samples/s")
+    print(f"both: {ours['samples']} rows in {ours['steps']} optimizer steps; speed-up {our_speed / ref_speed:.2f}x")
     return result
 
 # %% ../nbs/07_benchmarks.ipynb #fa3e25f9
-def _scaling_worker(a):
-    "One rank of the timed job (runs under torchrun)."
-    import torch
+def train_ddp_shm(argv=None):
+    """train_ddp.py with one change, for the scaling benchmark's side row: notebook 08's shared-memory lesson hook
+    averages the gradients in place of the backend's all-reduce (runs under torchrun: `python -m distrinews.benchmarks
+    train_ddp_shm ...`). The hook is a lesson, not a training flag, so it is swapped in here, not in the script."""
+    from distrinews.demos.debugging import SharedMemoryGradients, shared_memory_hook
+    from distrinews.scripts import train_ddp
 
-    from distrinews.ddp import cleanup_distributed, setup_distributed
-    from distrinews.model import get_config
-    from distrinews.train import make_trainer
+    def shared_memory(ddp, name):
+        ddp.register_comm_hook(SharedMemoryGradients(ddp.module), shared_memory_hook)
+        return "shared memory (notebook 08)"
 
-    info = setup_distributed()
-    averaging = a.averaging[0]
-    try:
-        hook = averaging if averaging in ("fp16", "bf16", "powersgd") else "none"
-        cfg = get_config(
-            "cpu",
-            use_env=False,
-            model_name=a.model,
-            train_size=a.rows,
-            test_size=64,
-            batch_size=a.batch_size,
-            grad_accum=a.grad_accum,
-            precision=a.precision,
-            epochs=a.warmup + 1,
-            comm_hook=hook,
-            output_dir=tempfile.mkdtemp(prefix="ddp-bench-"),
-        )
-        trainer = make_trainer(cfg, dist_info=info, progress=False, log=lambda *x: None)
-        if averaging == "shm" and info.distributed:  # the lesson hook of notebook 08, registered on DDP's model
-            from distrinews.demos.debugging import SharedMemoryGradients, shared_memory_hook
-
-            trainer.model.register_comm_hook(SharedMemoryGradients(trainer.unwrapped), shared_memory_hook)
-        for _ in range(a.warmup):  # untimed passes: every batch shape's kernels, allocator, DDP buckets
-            trainer.train_epoch()
-        timed = trainer.train_epoch()  # one more pass over the same rows (same batches, new order), timed
-        seconds = torch.tensor([timed["train_seconds"]], dtype=torch.float64)
-        if info.distributed:
-            torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)  # the slowest rank sets the pace
-        if info.is_main:
-            Path(a.result).write_text(
-                json.dumps(
-                    dict(
-                        world_size=info.world_size,
-                        samples=timed["train_samples"],
-                        seconds=seconds.item(),
-                        precision=trainer.precision,
-                        grad_sync=averaging if info.distributed else "none",
-                    )
-                )
-            )
-    finally:
-        cleanup_distributed()
+    train_ddp.register_comm_hook = shared_memory
+    train_ddp.main(argv)
 
 
 def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
-    "The command line of benchmarks/ddp_scaling.py: N ranks vs 1, each a torchrun job; writes and returns the JSON."
+    "The command line of benchmarks/ddp_scaling.py: N ranks vs 1, each a run of the training scripts; writes the JSON."
     p = argparse.ArgumentParser(prog="ddp_scaling.py", description="DDP scaling on this machine: N ranks vs 1 rank")
     p.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
@@ -204,84 +192,67 @@ def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
     )
     p.add_argument("--warmup", type=int, default=1, help="untimed passes over the pool before the timed one")
     p.add_argument("--out", default=str(out))
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
-    p.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     p.add_argument("--no-control", action="store_true", help="skip the independent-workers control")
     a = p.parse_args(argv)
-    if a.worker:
-        return _scaling_worker(a)
     # one pool of rows for every world size, divisible among all of them (no sampler top-up, no partial accumulation)
     rows = a.batch_size * a.grad_accum * math.lcm(*a.world_sizes) * a.steps
-    worker_args = [
-        "--worker",
-        "--model",
-        a.model,
-        "--batch-size",
-        str(a.batch_size),
-        "--grad-accum",
-        str(a.grad_accum),
-        "--precision",
-        a.precision,
-        "--steps",
-        str(a.steps),
-        "--warmup",
-        str(a.warmup),
-        "--rows",
-        str(rows),
-    ]
+    precision = pick_precision(a.precision, pick_device())
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     tmp = Path(tempfile.mkdtemp(prefix="ddp-scaling-"))
+    jobs = iter(range(10**9))  # a fresh output folder for every run
 
-    def ddp_job(n, sync):
-        out = tmp / f"ddp{n}-{sync}.json"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc_per_node={n}",
-                "-m",
-                "distrinews.benchmarks",
-                "ddp_scaling",
-                *worker_args,
-                "--averaging",
-                sync,
-                "--result",
-                str(out),
-            ],
-            check=True,
-            env=env,
-            stdout=subprocess.DEVNULL,
+    def command(n: int, sync: str, output_dir: Path) -> list[str]:
+        "1 rank: train_single.py (no DDP at all); n ranks: torchrun and train_ddp.py, every rank one pass of the pool."
+        hook = sync if sync in ("fp16", "bf16", "powersgd") else "none"
+        flags = training_flags(
+            profile="cpu",
+            model_name=a.model,
+            train_size=rows,
+            test_size=64,
+            batch_size=a.batch_size,
+            grad_accum=a.grad_accum,
+            precision=a.precision,
+            epochs=a.warmup + 1,  # the last epoch is timed, the others warm up
+            comm_hook=hook,
+            output_dir=output_dir,
         )
-        r = json.loads(out.read_text())
-        return r["samples"] / r["seconds"], r
+        if n == 1:
+            return [sys.executable, str(training_script("train_single.py")), *flags, "--fresh"]
+        script = [str(training_script("train_ddp.py"))]
+        if sync == "shm":  # the side row: the same script with notebook 08's hook (see train_ddp_shm)
+            script = ["-m", "distrinews.benchmarks", "train_ddp_shm"]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+        return [*torchrun, *script, *flags, "--fresh"]
 
-    def control_job(n):
-        "n single-process workers at once, no communication: what n workers can get from this machine at all."
-        outs = [tmp / f"solo{n}-{i}.json" for i in range(n)]
+    def timed_epoch(metrics: list[dict]) -> float:
+        "The samples/s of a run's last epoch (the script times its training loop), after checking it trained the pool."
+        timed = metrics[-1]
+        if timed["train_samples"] != rows:
+            raise RuntimeError(f"a job trained {timed['train_samples']} rows in its timed epoch, not the pool's {rows}")
+        return timed["train_samples_per_s"]
+
+    def ddp_job(n: int, sync: str) -> float:
+        folder = tmp / f"job{next(jobs)}"
+        samples_per_s = timed_epoch(run_script(command(n, sync, folder), folder, env))
+        shutil.rmtree(folder, ignore_errors=True)
+        return samples_per_s
+
+    def control_job(n: int) -> float:
+        "n single-process runs at once, no communication: what n workers can get from this machine at all."
+        folders = [tmp / f"job{next(jobs)}" for _ in range(n)]
         procs = [
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "distrinews.benchmarks",
-                    "ddp_scaling",
-                    *worker_args,
-                    "--averaging",
-                    "allreduce",
-                    "--result",
-                    str(o),
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
+                command(1, "none", f), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
             )
-            for o in outs
+            for f in folders
         ]
-        if any(p.wait() for p in procs):
-            raise RuntimeError("a control worker failed")
-        return sum(json.loads(o.read_text())["samples"] / json.loads(o.read_text())["seconds"] for o in outs)
+        errors = [p.communicate()[1] for p in procs]
+        if any(p.returncode for p in procs):
+            raise RuntimeError("a control run failed:\n" + "\n".join(e[-2000:] for e in errors))
+        total = sum(timed_epoch(json.loads((f / "metrics.json").read_text())) for f in folders)
+        for f in folders:
+            shutil.rmtree(f, ignore_errors=True)
+        return total
 
     # one row per (world size, way of averaging); each collects one throughput per repeat
     runs = [
@@ -292,11 +263,7 @@ def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
     controls = {n: [] for n in a.world_sizes if n > 1 and not a.no_control}
     for repeat in range(a.repeats):
         for row in runs:
-            samples_per_s, job = ddp_job(
-                row["world_size"], a.averaging[0] if row["world_size"] == 1 else row["grad_sync"]
-            )
-            row["repeats"].append(round(samples_per_s, 2))
-            precision = job["precision"]
+            row["repeats"].append(round(ddp_job(row["world_size"], row["grad_sync"]), 2))
             print(
                 f"[{repeat + 1}/{a.repeats}] {row['world_size']} rank(s), {row['grad_sync']}: "
                 f"{row['repeats'][-1]:7.1f} samples/s",
@@ -308,6 +275,7 @@ def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
                 f"[{repeat + 1}/{a.repeats}] {n} independent workers, no communication: {values[-1]:7.1f} samples/s",
                 flush=True,
             )
+    shutil.rmtree(tmp, ignore_errors=True)
     base = statistics.median(runs[0]["repeats"]) / runs[0]["world_size"]
     for r in runs:
         r["samples_per_s"] = round(statistics.median(r["repeats"]), 2)
@@ -320,6 +288,7 @@ def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
             r["vs_control"] = round(r["samples_per_s"] / r["control_samples_per_s"], 3)
     result = dict(
         benchmark="ddp_scaling",
+        program="1 rank: train_single.py (notebook 03); N ranks: torchrun train_ddp.py (notebook 04)",
         model=a.model,
         batch_size_per_rank=a.batch_size,
         grad_accum=a.grad_accum,
@@ -599,8 +568,9 @@ COMMANDS = {
     "trainer_vs_reference": trainer_vs_reference,
     "ddp_scaling": ddp_scaling,
     "serving_benchmark": serving_benchmark,
+    "train_ddp_shm": train_ddp_shm,
 }
 
-# `python -m distrinews.benchmarks ddp_scaling ...` (how the scaling run starts its workers), not this notebook's kernel
+# `python -m distrinews.benchmarks train_ddp_shm ...` (how torchrun starts the side row's ranks), not this notebook
 if __name__ == "__main__" and Path(sys.argv[0]).name == "benchmarks.py":
     COMMANDS[sys.argv[1]](sys.argv[2:])

@@ -6,15 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -63,48 +63,42 @@ def _numbers(metrics: dict) -> dict:
 
 
 def ray_train_loop(config: dict):
-    """What Ray Train runs on every worker: `train_distributed`, resumed from Ray's last reported checkpoint if there
-    is one."""
+    """What Ray Train runs on every worker: `train` of notebook 04's `train_ddp.py` in the process group Ray set up,
+    resumed from Ray's last reported checkpoint if there is one."""
     import ray.train
+    import ray.train.torch
 
-    from distrinews.ddp import parameter_fingerprint, train_distributed
-    from distrinews.train import load_training_state
+    from distrinews.ddp import parameter_fingerprint
+    from distrinews.scripts import train_ddp  # the script torchrun launches, as a module
+    from distrinews.train import checkpoint_dir, load_training_state, per_rank_batch_size
 
-    rank = ray.train.get_context().get_world_rank()
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
     cfg = dataclasses.replace(
         RunConfig(**config["run_config"]), output_dir=str(Path(config["output_dir"]) / f"rank{rank}")
     )
+    if config.get("global_batch_size"):
+        cfg.batch_size = per_rank_batch_size(config["global_batch_size"], context.get_world_size(), cfg.grad_accum)
     shutil.rmtree(cfg.output_dir, ignore_errors=True)
     restored, resumed_from = ray.train.get_checkpoint(), 0  # None on a fresh start
     if restored is not None:
         with restored.as_directory() as folder:
-            shutil.copytree(folder, Path(cfg.output_dir) / "checkpoint")
-        resumed_from = load_training_state(Path(cfg.output_dir) / "checkpoint")[0]["epoch"]
-    # the fault-tolerance demo: rank 1 dies hard at a given step, on the first attempt only (later ones have a
-    # checkpoint)
-    fail_at_step = config.get("fail_at_step") if restored is None else None
+            shutil.copytree(folder, checkpoint_dir(cfg))  # where train() looks for a checkpoint to resume from
+        resumed_from = load_training_state(checkpoint_dir(cfg))[0]["epoch"]
 
-    def crash(trainer):
-        if trainer.step == fail_at_step and rank == 1:
-            print(f"[rank 1] simulated crash at step {trainer.step} (SIGKILL)", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def report(trainer, metrics):
-        total, squares = parameter_fingerprint(trainer.unwrapped).tolist()
+    def report(metrics, raw_model):
+        total, squares = parameter_fingerprint(raw_model).tolist()
         numbers = dict(
             _numbers(metrics), resumed_from_epoch=resumed_from, fingerprint_sum=total, fingerprint_sq=squares
         )
-        # every rank reports (Ray waits for all of them); rank 0 attaches the checkpoint the trainer has just written
-        checkpoint = ray.train.Checkpoint.from_directory(str(trainer.checkpoint_dir)) if trainer.is_main else None
+        # every rank reports (Ray waits for all of them); rank 0 attaches the checkpoint train() has just written
+        checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir(cfg))) if rank == 0 else None
         ray.train.report(numbers, checkpoint=checkpoint)
 
-    train_distributed(
-        cfg,
-        resume="auto",
-        global_batch_size=config.get("global_batch_size"),
-        on_epoch_end=report,
-        on_step_end=crash if fail_at_step else None,
-    )
+    # the fault-tolerance demo: rank 1 dies hard at a given step, on the first attempt only (later ones have a
+    # checkpoint)
+    fail_at_step = config.get("fail_at_step") if restored is None else None
+    train_ddp.train(cfg, ray.train.torch.get_device(), resume="auto", fail_at_step=fail_at_step, on_epoch_end=report)
 
 # %% ../nbs/11_scale_out.ipynb #f8a53bd3
 def _portable(cfg: RunConfig) -> dict:
@@ -198,14 +192,13 @@ def objective(trial, base: RunConfig, max_epochs: int = 3) -> float:
     "Train one trial; report validation accuracy after every epoch (the pruner may stop it); return the last accuracy."
     import optuna
 
-    from distrinews.train import make_trainer
+    from distrinews.scripts import train_single  # notebook 03's script, as a module
+    from distrinews.train import pick_device
 
     cfg = trial_config(base, suggest_settings(trial, max_epochs), f"trial_{trial.number}")
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
     curve = []
 
-    def report(trainer, metrics):
+    def report(metrics, raw_model):
         curve.append(metrics["accuracy"])
         trial.set_user_attr("val_accuracy", curve)
         trial.report(metrics["accuracy"], metrics["epoch"])
@@ -216,7 +209,8 @@ def objective(trial, base: RunConfig, max_epochs: int = 3) -> float:
             )
 
     try:
-        make_trainer(cfg, progress=False, log=lambda *a: None).fit(on_epoch_end=report)
+        with contextlib.redirect_stdout(io.StringIO()):  # a worker prints one line per trial, not one per epoch
+            train_single.train(cfg, pick_device(), resume="no", on_epoch_end=report)
     finally:
         shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a search keeps numbers, not a checkpoint per trial
     return curve[-1]
@@ -350,7 +344,7 @@ def _postgres_bin() -> Path:
     return candidates[-1]
 
 
-@contextmanager
+@contextlib.contextmanager
 def local_postgres():
     "A throwaway PostgreSQL server on a free loopback port: yields its URL; stopped and deleted afterwards."
     from distrinews.ddp import free_port
@@ -515,14 +509,16 @@ def tune_trainable(config: dict, run_config: dict):
     "One Ray Tune trial: a single-process training with the settings Tune chose; accuracy reported after every epoch."
     import ray.tune
 
-    from distrinews.train import make_trainer
+    from distrinews.scripts import train_single
+    from distrinews.train import pick_device
 
     base = RunConfig(**run_config)
     cfg = trial_config(base, {k: config[k] for k in SEARCHED}, f"tune_{os.getpid()}_{id(config)}")
     try:
-        make_trainer(cfg, progress=False, log=lambda *a: None).fit(
-            on_epoch_end=lambda t, m: ray.tune.report(_numbers(m))
-        )
+        with contextlib.redirect_stdout(io.StringIO()):  # Tune keeps each trial's reports, not its printed lines
+            train_single.train(
+                cfg, pick_device(), resume="no", on_epoch_end=lambda metrics, model: ray.tune.report(_numbers(metrics))
+            )
     finally:
         shutil.rmtree(cfg.output_dir, ignore_errors=True)
 

@@ -507,9 +507,10 @@ def prepare_run(cfg: RunConfig, resume: str = "auto", tidy: bool = True) -> Path
     checkpoint = find_checkpoint(folder) if resume != "no" else None
     if resume == "yes" and checkpoint is None:
         raise CheckpointError(f"--resume: no checkpoint in {cfg.output_dir}. Run without --resume to start a new run.")
-    if checkpoint is not None:
-        check_resumable(load_training_state(checkpoint)[1], cfg)  # a folder that is not a checkpoint, another run's
-        verify_checkpoint(checkpoint)  # or one whose files are not the bytes that were saved: refused before any work
+    if checkpoint is not None:  # refused before any work: a folder that is not a checkpoint, one whose files are not
+        saved_cfg = load_training_state(checkpoint)[1]  # the bytes that were saved, one of another run's settings
+        verify_checkpoint(checkpoint)
+        check_resumable(saved_cfg, cfg)
     return checkpoint
 
 

@@ -16,23 +16,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distrinews.ddp import main
-from distrinews.train import MANIFEST_FILE, verify_checkpoint
+from distrinews.scripts import train_single  # nbs/train_single.py, the program notebook 03 writes
+from distrinews.train import MANIFEST_FILE, clear_errors, verify_checkpoint
 
-# `main` is torchrun's entry point (@record): in-process, under pytest's captured output, it cannot install its handler
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:Unable to enable fault handler"),
-    pytest.mark.xdist_group("checkpoints"),  # its module-scoped run is built once: all its tests on one worker
-]
+pytestmark = pytest.mark.xdist_group("checkpoints")  # its module-scoped run is built once: all its tests on one worker
 
 TINY = ["--profile", "smoke", "--data-source", "local", "--train-size", "32", "--test-size", "16"]
 TINY += ["--batch-size", "16", "--eval-batch-size", "16", "--max-length", "32", "--precision", "fp32"]
 
 
 def train(out, *extra) -> str:
-    "Run `distrinews-train` in this process; the message it exits with ('' when it succeeds)."
+    "Run train_single.py in this process; the message it exits with ('' when it succeeds)."
     try:
-        main([*TINY, "--output-dir", str(out), *extra])
+        with clear_errors("train_single.py"):  # as the script's `if __name__ == "__main__":` does
+            train_single.main([*TINY, "--output-dir", str(out), *extra])
     except SystemExit as e:
         assert e.code not in (0, None), "exited 0 through SystemExit"
         return str(e.code)
@@ -94,5 +91,5 @@ def test_damaged_checkpoint_is_refused_by_name(good_run, tmp_path, damage):
 def test_unwritable_output_folder_fails_before_training(tmp_path, capsys):
     (tmp_path / "a-file").write_text("not a folder")
     message = train(tmp_path / "a-file" / "run")
-    assert message.startswith("distrinews-train: error: Could not write") and "a-file" in message, message
+    assert message.startswith("train_single.py: error: Could not write") and "a-file" in message, message
     assert "epoch" not in capsys.readouterr().out  # no training happened

@@ -1,7 +1,9 @@
 """Multi-process DDP tests: real torchrun jobs with the gloo backend on CPU (fp32, one thread per worker).
 
-- exact evaluation: the same checkpoint gives identical metrics with 1, 2 and 3 ranks;
-- correctness: 2 ranks x batch b == 1 process x batch 2b, parameter by parameter (dropout off, fp32);
+- exact evaluation: the same checkpoint gives identical counts (accuracy, confusion matrix) with 1, 2 and 3 ranks of
+  train_ddp.py's own `evaluate`, and the loss to fp32 rounding;
+- correctness: train_ddp.py with 2 ranks x batch b == train_single.py with batch 2b, parameter by parameter (dropout
+  off, fp32): the diff between the two scripts changes nothing but who computes what;
 - all ranks end with identical parameters (the script checks; we also read its report);
 - fault tolerance: workers killed mid-epoch and mid-snapshot under --max-restarts resume from the last complete
   snapshot and end bit for bit where an uninterrupted run ends (dropout on: every rank's random stream is restored);
@@ -25,7 +27,8 @@ from distrinews.ddp import free_port
 
 pytestmark = pytest.mark.slow  # torchrun jobs
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "nbs" / "train_ddp.py"
+SCRIPT = ROOT / "nbs" / "train_ddp.py"  # notebook 04 writes it
+SINGLE = ROOT / "nbs" / "train_single.py"  # notebook 03 writes it
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # a tiny, exact configuration: fp32, no dropout, 96 training rows = 6 steps of a global batch of 16
 TINY = [
@@ -78,7 +81,7 @@ def two_rank_run(tmp_path_factory):
 
 def test_two_ranks_equal_one_process_with_double_batch(two_rank_run, tmp_path):
     out2, _ = two_rank_run
-    run([sys.executable, SCRIPT, *TINY, "--batch-size", "16", "--output-dir", tmp_path])  # no torchrun: a world of one
+    run([sys.executable, SINGLE, *TINY, "--batch-size", "16", "--output-dir", tmp_path])  # the one-process script
     w1, w2 = weights(tmp_path), weights(out2)
     assert w1.keys() == w2.keys()
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
@@ -89,21 +92,21 @@ def test_two_ranks_equal_one_process_with_double_batch(two_rank_run, tmp_path):
 
 def test_all_ranks_hold_identical_parameters(two_rank_run):
     _, log = two_rank_run
-    assert "world_size=2" in log and "effective batch 16" in log
+    assert "2 process(es) x batch 8 x 1 accumulation" in log
     assert "replicas in sync after training: True" in log
 
 
 def test_replica_check_detects_divergence():
     code = r"""
 import torch, torch.distributed as dist
-from distrinews.ddp import setup_distributed, replicas_in_sync, cleanup_distributed
-info = setup_distributed()
+from distrinews.ddp import replicas_in_sync
+dist.init_process_group("gloo")
 m = torch.nn.Linear(4, 2); torch.manual_seed(0); m.reset_parameters()
 same = replicas_in_sync(m)
 with torch.no_grad():
-    if info.rank == 1: m.weight[0, 0] += 1e-6
+    if dist.get_rank() == 1: m.weight[0, 0] += 1e-6
 diverged = not replicas_in_sync(m)
-print(f"rank{info.rank} same={same} diverged={diverged}"); cleanup_distributed()
+print(f"rank{dist.get_rank()} same={same} diverged={diverged}"); dist.destroy_process_group()
 """
     log = run(TORCHRUN + ["--standalone", "--nproc_per_node=2", "--no-python", sys.executable, "-c", code])
     assert "rank0 same=True diverged=True" in log and "rank1 same=True diverged=True" in log
@@ -131,7 +134,9 @@ def test_evaluation_is_exact_for_any_world_size(two_rank_run, tmp_path):
         assert results[n]["eval_count"] == 203  # every item once: no padding double-counted
         assert results[n]["confusion"] == results[1]["confusion"]
         assert results[n]["accuracy"] == results[1]["accuracy"]
-        assert abs(results[n]["eval_loss"] - results[1]["eval_loss"]) < 1e-9
+        # the counts are exact; the loss is a sum of fp32 logits' cross-entropies, and shards cut the length-sorted
+        # rows into batches of other shapes, so it agrees to fp32 rounding, not bit for bit
+        assert abs(results[n]["eval_loss"] - results[1]["eval_loss"]) < 1e-6
     assert results[3]["rank0_items"] < 203  # the work really was split
 
 
@@ -173,7 +178,7 @@ def test_killed_workers_resume_exactly(tmp_path):
     log = "".join(lines)
     assert job.returncode == 0, log[-4000:]
     assert killed is not None and killed[1], f"no kill inside a snapshot write: {killed}\n{log[-3000:]}"
-    assert log.count("resumed from") == 2 and "step 2/6" in log, log[-3000:]
+    assert log.count("resumed from") == 2 and "epoch 1, step 2" in log, log[-3000:]
     assert not list(out.glob(".checkpoint.*")), "a partial snapshot was left behind"
     w_fault, w_straight = weights(out), weights(straight)
     different = [k for k in w_straight if not torch.equal(w_fault[k], w_straight[k])]
@@ -218,7 +223,7 @@ def test_two_agents_multi_node_over_loopback(two_rank_run, tmp_path):
     ]
     logs = [a.communicate(timeout=240)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], "\n".join(lg[-2000:] for lg in logs)
-    assert any("world_size=2" in lg for lg in logs)
+    assert any("2 process(es) x batch 8" in lg for lg in logs)
     w, w_single_node = weights(tmp_path), weights(out2)  # same job as two ranks on one node: same result
     assert max((w[k] - w_single_node[k]).abs().max().item() for k in w) < 1e-6
 
@@ -239,35 +244,15 @@ def test_a_failing_torchrun_fails_its_cell(tmp_path, monkeypatch):
 
 
 def test_bad_launches_fail_clearly(tmp_path):
-    p = subprocess.run(
-        [sys.executable, SCRIPT, *TINY, "--output-dir", tmp_path],
-        env=dict(ENV, RANK="0", WORLD_SIZE="2"),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert p.returncode != 0 and "without MASTER_ADDR, MASTER_PORT: start the script with torchrun" in p.stderr
-    p = subprocess.run(
-        TORCHRUN
-        + [
-            "--standalone",
-            "--nproc_per_node=3",
-            str(SCRIPT),
-            *TINY,
-            "--train-size",
-            "4",
-            "--output-dir",
-            str(tmp_path),
-        ],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    # 3 workers, 4 rows (one per class): one batch for three ranks. Once a hang until the collective timeout; now
-    # refused at the start
-    assert p.returncode != 0 and "4 training rows make 1 batch(es) of up to 16, fewer than the 3 processes" in (
-        p.stdout + p.stderr
-    )
+    "train_ddp.py started without torchrun, or with half of its environment, says how to launch it: no traceback."
+    for env in ({}, {"RANK": "0", "WORLD_SIZE": "2"}):
+        p = subprocess.run(
+            [sys.executable, SCRIPT, *TINY, "--output-dir", tmp_path],
+            env={**ENV, **env},
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert "train_ddp.py: error:" in p.stderr and "Start train_ddp.py with torchrun" in p.stderr, p.stderr

@@ -243,7 +243,7 @@ def test_weights_are_held_in_memory(tmp_path, checkpoint):
 
 
 def test_a_manifest_is_checked_where_training_wrote_one(tmp_path, checkpoint):
-    "manifest.json (written by distrinews-train) records each file's SHA-256: weights that differ are refused."
+    "manifest.json (written by the training scripts) records each file's SHA-256: weights that differ are refused."
     import hashlib
 
     sealed = shutil.copytree(checkpoint, tmp_path / "sealed")
