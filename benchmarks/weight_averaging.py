@@ -43,12 +43,15 @@ def main(argv=None):
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "weight_averaging_cpu.json")
     args = p.parse_args(argv)
+    from unittest import mock
+
     import torch
     from torch.optim.swa_utils import AveragedModel
 
-    from distrinews.model import get_config
+    from distrinews.model import get_config, load_tokenizer
     from distrinews.scale import SEARCHED  # what the study searches (no Ray or Optuna needed to import it)
-    from distrinews.train import make_trainer, make_weight_average
+    from distrinews.scripts import train_single  # notebook 03's script: the run is that script's `train`
+    from distrinews.train import make_weight_average, pick_device, pick_precision
 
     cfg = get_config(
         args.profile,
@@ -57,33 +60,39 @@ def main(argv=None):
         seed=args.seed,
         output_dir=str(ROOT / "runs" / "weight_averaging"),
     )
-    trainer = make_trainer(cfg)
-    live = trainer.unwrapped
-    averages = {f"ema {d}": make_weight_average(live, d) for d in args.decays}  # what `ema_decay` keeps (notebook 03)
-    averages["mean of the last epoch"] = AveragedModel(
-        live
-    )  # SWA's equal-weight mean, from the last epoch's first step
+    device = pick_device()
+    precision = pick_precision(cfg.precision, device)
+    # the rows the script evaluates on (the same loader it builds), here to compare predictions row by row
+    _, validation_dl, _ = train_single.make_loaders(cfg, load_tokenizer(cfg.model_name), device, precision, 0, 1)
+    averages = {}  # made from the live model at its first optimizer step
     seconds_averaging = [0.0]
+    epochs = []
+    optimizer_step = train_single.optimizer_step  # the script's own: clip, step, schedule, zero the gradients
 
-    def update(tr):
+    def step_and_average(optimizer, scaler, scheduler, model, max_grad_norm):
+        "The script's optimizer step, then every average updated from the live weights."
+        stepped = optimizer_step(optimizer, scaler, scheduler, model, max_grad_norm)
         started = time.perf_counter()
+        if not averages:
+            averages.update({f"ema {d}": make_weight_average(model, d) for d in args.decays})  # what `ema_decay` keeps
+            averages["mean of the last epoch"] = AveragedModel(model)  # SWA's equal-weight mean, from its first step
         for name, avg in averages.items():
-            if name.startswith("ema") or tr.epoch == cfg.epochs - 1:
-                avg.update_parameters(live)
+            if name.startswith("ema") or len(epochs) == cfg.epochs - 1:  # `epochs` has a row per finished epoch
+                avg.update_parameters(model)
         seconds_averaging[0] += time.perf_counter() - started
+        return stepped
 
     @torch.inference_mode()
     def predictions(model):
         model.eval()
         preds, labels = [], []
-        for batch in trainer.test_dl:
+        for batch in validation_dl:
+            batch = {k: v.to(device) for k, v in batch.items()}
             labels.append(batch.pop("labels"))
             preds.append(model(**batch).logits.argmax(-1))
         return torch.cat(preds), torch.cat(labels)
 
-    epochs = []
-
-    def compare(tr, metrics):
+    def compare(metrics, live):
         live_pred, labels = predictions(live)
         row = dict(epoch=metrics["epoch"], step=metrics["step"], live=(live_pred == labels).sum().item() / len(labels))
         for name, avg in averages.items():
@@ -96,12 +105,13 @@ def main(argv=None):
                 int(((pred == labels) & (live_pred != labels)).sum()),
                 int(((pred != labels) & (live_pred == labels)).sum()),
             ]
-        live.train()
         epochs.append(row)
         print(" | ".join(f"{k} {v:.2%}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
 
     started = time.perf_counter()
-    trainer.fit(on_epoch_end=compare, on_step_end=update)
+    # the script has no per-step callback: its optimizer step is wrapped for this run, the loop itself is unchanged
+    with mock.patch.object(train_single, "optimizer_step", step_and_average):
+        run = train_single.train(cfg, device, resume="no", on_epoch_end=compare)
     result = dict(
         profile=cfg.profile,
         model=cfg.model_name,
@@ -111,7 +121,7 @@ def main(argv=None):
         epochs=cfg.epochs,
         effective_batch=cfg.batch_size * cfg.grad_accum,
         settings={k: getattr(cfg, k) for k in SEARCHED},  # the keys of the study's trials
-        steps=trainer.step,
+        steps=run.step,
         decays=args.decays,
         per_epoch=epochs,
         wall_s=round(time.perf_counter() - started, 1),
