@@ -149,13 +149,18 @@ def allreduce_bandwidth(
     sizes = sizes or [4**k for k in range(6, 14)]  # 4 KiB to 64 MiB
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.SimpleQueue()
-    torch.multiprocessing.start_processes(
-        _allreduce_worker,
-        args=(world_size, free_port(), sizes, iters, warmup, queue),
-        nprocs=world_size,
-        start_method="spawn",
-    )
-    return queue.get()
+    for attempt in range(3):  # the free port can be taken by another program before rank 0 listens on it: retry
+        try:
+            torch.multiprocessing.start_processes(
+                _allreduce_worker,
+                args=(world_size, free_port(), sizes, iters, warmup, queue),
+                nprocs=world_size,
+                start_method="spawn",
+            )
+            return queue.get()
+        except torch.multiprocessing.ProcessRaisedException as e:
+            if "EADDRINUSE" not in str(e) or attempt == 2:
+                raise
 
 
 def bandwidth_table(rows: list[dict]) -> str:
