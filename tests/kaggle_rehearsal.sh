@@ -27,6 +27,7 @@ started=$SECONDS
 # the wheel the install cells get: the checkout's package and packaging files, nothing else
 mkdir -p "$tmp/src" "$tmp/wheels" "$tmp/nb" "$tmp/out" "$tmp/home" "$tmp/input/ag-news-classification-dataset"
 cp -r setup.py settings.ini README.md distrinews "$tmp/src/"
+mkdir -p "$tmp/src/nbs" && cp nbs/__init__.py nbs/train_single.py nbs/train_ddp.py "$tmp/src/nbs/"  # distrinews.scripts
 find "$tmp/src" -name __pycache__ -prune -exec rm -rf {} +
 $BIN/pip wheel -q --no-deps --no-build-isolation -w "$tmp/wheels" "$tmp/src" >/dev/null
 wheel=$(ls "$tmp"/wheels/distrinews-*.whl)
