@@ -225,6 +225,40 @@ def ddp_section(key: str, r: dict, first: dict | None = None) -> list:
     return md + ["", f"![DDP scaling]({key}.png)", ""]
 
 
+def program_speed_section(r: dict) -> list:
+    "Today's training program beside an earlier commit's: samples/s on the `make main` path, alternating runs."
+    s, old, new = r["settings"], r["programs"]["old"], r["programs"]["new"]
+    runs = {name: [x["samples_per_s"] for x in r["runs"] if x["program"] == name] for name in ("old", "new")}
+    m = r["machine"]
+    md = [
+        "## The training program: this checkout's `train_ddp.py` beside an earlier one",
+        "",
+        f"`make main`'s path: torchrun, {s['nproc']} CPU workers of {s['threads_per_worker']} thread each, "
+        f"`train_ddp.py --profile {s['profile']} --global-batch-size {s['global_batch_size']}`, on "
+        f"{s['train_size']:,} training rows ({s['epochs']} epoch{'s' if s['epochs'] > 1 else ''}, "
+        f"{r['train_samples_per_run']:,} samples per run, the same for every run) and {s['test_size']} test rows. "
+        f"The earlier program is commit `{old['commit'][:7]}`, checked out beside and run with its "
+        f"own package; runs alternate ({s['order']}), {s['repeats']} each, in one session. samples/s: what each run's "
+        "`metrics.json` reports (the epoch's training loop on rank 0, the samples of all ranks). "
+        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}; measured {r['date'][:10]}.",
+        "",
+        "| program | samples/s, each run | median | spread (max - min) / median |",
+        "|---|---|---:|---:|",
+    ]
+    for name, label in (("old", f"earlier (`{old['commit'][:7]}`)"), ("new", f"this checkout (`{new['commit'][:7]}`)")):
+        x = r["samples_per_s"][name]
+        md.append(f"| {label} | {', '.join(f'{v:.2f}' for v in runs[name])} | {x['median']:.2f} | {x['spread']:.1%} |")
+    md += [
+        "",
+        f"This checkout / earlier: **{r['ratio_new_over_old']:.3f}x** (medians); round by round: "
+        + ", ".join(f"{v:.3f}x" for v in r["ratio_per_round"])
+        + ".",
+    ]
+    if r.get("note"):
+        md += ["", f"Note: {r['note']}."]
+    return md + [""]
+
+
 def render(results: Path = HERE / "results", out: Path = HERE) -> str:
     "Write README.md and the charts for the results in `results` into `out`; return the Markdown."
     import matplotlib
@@ -274,6 +308,8 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
     for key in ddp_keys:
         md += ddp_section(key, R[key], R[ddp_keys[0]] if key != ddp_keys[0] else None)
         chart_ddp(R[key], out / f"{key}.png")
+    if "program_speed" in R:
+        md += program_speed_section(R["program_speed"])
     # serving_c<clients>.json: micro-batching on vs off (other serving_* files compare something else)
     serving = sorted((r["settings"]["concurrency"], r) for k, r in R.items() if re.fullmatch(r"serving_c\d+", k))
     if serving:

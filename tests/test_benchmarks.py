@@ -108,3 +108,75 @@ def test_driver_rows_are_parameters_of_the_benchmark_notebook():
         rows = json.loads(p.stdout)
         assert rows and all(set(params) <= declared for params in rows.values()), (rows, declared)
     assert {"trainer", "ddp", "accuracy", "serving", "gpu"} <= set(rows["smoke"]["measure"].split(","))
+
+
+def _program_speed(old: list, new: list) -> dict:
+    "A program_speed.json as benchmarks/program_speed.py writes it, with these samples/s per run."
+    import statistics
+
+    def side(v):
+        m = statistics.median(v)
+        return dict(median=m, min=min(v), max=max(v), spread=round((max(v) - min(v)) / m, 3))
+
+    runs = [
+        dict(program=name, round=i + 1, samples_per_s=v, train_samples=2048, eval_count=256)
+        for i, pair in enumerate(zip(old, new))
+        for name, v in zip(("old", "new"), pair)
+    ]
+    ratio = statistics.median(new) / statistics.median(old)
+    return dict(
+        benchmark="program_speed",
+        programs=dict(old=dict(commit="957a4da" + "0" * 33, subject="s"), new=dict(commit="758fbf6" + "0" * 33)),
+        settings=dict(
+            nproc=2,
+            threads_per_worker=1,
+            profile="cpu",
+            global_batch_size=32,
+            train_size=2048,
+            test_size=256,
+            epochs=1,
+            repeats=len(old),
+            order="old, new, old, new, ...",
+        ),
+        train_samples_per_run=2048,
+        runs=runs,
+        samples_per_s=dict(old=side(old), new=side(new)),
+        ratio_new_over_old=round(ratio, 3),
+        ratio_per_round=[round(n / o, 3) for o, n in zip(old, new)],
+        goal=dict(ratio_new_over_old=">= 0.95", met=ratio >= 0.95),
+        machine=dict(cpu="x86_64", cores=2, torch="t", load_1min=dict(min=0.1, max=0.2)),
+        date="2026-11-25T00:00:00+00:00",
+    )
+
+
+def test_program_speed_section_states_every_run_and_the_ratio_but_no_goal(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "program_speed.json").write_text(json.dumps(_program_speed([10.0, 12.0, 11.0], [9.0, 10.0, 11.0])))
+    text = report.render(results, tmp_path / "out")
+    assert "| earlier (`957a4da`) | 10.00, 12.00, 11.00 | 11.00 | 18.2% |" in text
+    assert "| this checkout (`758fbf6`) | 9.00, 10.00, 11.00 | 10.00 | 20.0% |" in text
+    assert "**0.909x** (medians); round by round: 0.900x, 0.833x, 1.000x." in text
+    assert "2,048 samples per run, the same for every run" in text
+    for word in ("0.95", "target", "goal", "short of", "meets the"):
+        assert word not in text.lower(), word
+
+
+@pytest.mark.skipif(not (BENCH / "results" / "program_speed.json").exists(), reason="no program_speed.json yet")
+def test_committed_program_speed_is_consistent_and_keeps_its_goal():
+    """The committed side-by-side run of today's training program and the earlier one: both sides trained the same
+    samples, the medians and the ratio are those of the runs, and the ratio keeps the goal stored with it (issue #23:
+    no speed given up for a readable script)."""
+    import statistics
+
+    r = json.loads((BENCH / "results" / "program_speed.json").read_text())
+    assert {x["train_samples"] for x in r["runs"]} == {r["train_samples_per_run"]}
+    per_side = {name: [x["samples_per_s"] for x in r["runs"] if x["program"] == name] for name in ("old", "new")}
+    assert len(per_side["old"]) == len(per_side["new"]) == r["settings"]["repeats"] >= 3
+    assert [x["program"] for x in r["runs"]] == ["old", "new"] * r["settings"]["repeats"]  # alternating
+    for name, values in per_side.items():
+        assert r["samples_per_s"][name]["median"] == pytest.approx(statistics.median(values), abs=0.01)
+    ratio = statistics.median(per_side["new"]) / statistics.median(per_side["old"])
+    assert r["ratio_new_over_old"] == pytest.approx(ratio, abs=1e-3)
+    goal = float(r["goal"]["ratio_new_over_old"].removeprefix(">= "))
+    assert ratio >= goal, f"today's program trains at {ratio:.3f}x the earlier one's samples/s (goal >= {goal})"
