@@ -101,8 +101,9 @@ lane() {  # the notebooks named, one after the other (those the caller did not a
     run_one "$name"
   done
 }
-# two lanes: 04 and the notebooks that attach its output, then the rest. KAGGLE_REHEARSAL_LANES=2 runs them side by
-# side, for machines with cores to spare: on 2 cores the notebooks' threads contend (03 took 586 s instead of 59 s)
+# two lanes: 04 and the notebooks that attach its output, then the rest. KAGGLE_REHEARSAL_LANES=2 (what
+# tests/run_tests.sh sets) runs them side by side; with torch's default threads they would contend on 2 cores (03 took
+# 586 s instead of 59 s), so there each session gets OMP_NUM_THREADS=1 (run_tests.sh exports it)
 mapfile -t all < <(cd nbs && ls [0-9][0-9]_*.ipynb | sed 's/\.ipynb$//')
 after_04=(04_ddp 05_inference 06_deploy 11_scale_out) others=()
 for name in "${all[@]}"; do [[ " ${after_04[*]} " =~ " $name " ]] || others+=("$name"); done

@@ -8,6 +8,10 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export DISTRINEWS_DATA_DIR="${DISTRINEWS_DATA_DIR:-$(cd .. && pwd)/shared/data/ag_news}"
 export DISTRINEWS_PROFILE=smoke
 export DISTRINEWS_CACHE="${DISTRINEWS_CACHE:-$PWD/.cache}"
+# every stage below runs two things side by side (2 notebooks, 2 rehearsal lanes, 2 pytest workers): one torch thread
+# each. With torch's default (a thread per core), jobs side by side on 2 cores make OpenMP's threads spin waiting for
+# each other: 03's training took 586 s beside another notebook instead of 59 s alone. Set OMP_NUM_THREADS to override.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 step() { printf '\n=== %s   [%d s into the test command]\n' "$*" "$SECONDS"; }
 trap 'printf "\n=== the test command took %d s\n" "$SECONDS"' EXIT
 
@@ -24,7 +28,7 @@ git diff --exit-code --stat -- nbs/*.py nbs/*.sh deployment distrinews/static ||
   echo "a file a notebook writes differs from the committed one: edit the notebook and commit what it writes."; exit 1; }
 
 step "3/4 the Kaggle rehearsal: every notebook once more, alone in an empty Kaggle-like session"
-bash tests/kaggle_rehearsal.sh
+KAGGLE_REHEARSAL_LANES="${KAGGLE_REHEARSAL_LANES:-2}" bash tests/kaggle_rehearsal.sh
 
 step "4/4 pytest: the library, the scripts, the server, the deployment (2 workers; slowest tests listed at the end)"
 # the demo-page test drives Debian's chromium headless (never `playwright install`: it downloads a browser)
