@@ -91,7 +91,7 @@ def check_checkpoint_dir(path: str | os.PathLike) -> Path:
     path = Path(path).expanduser()
     hint = (
         "Expected a folder written by `model.save_pretrained(dir)` and `tokenizer.save_pretrained(dir)` "
-        "(config.json, model.safetensors, tokenizer files), e.g. runs/cpu/checkpoint from distrinews-train."
+        "(config.json, model.safetensors, tokenizer files), e.g. runs/cpu/checkpoint from train_ddp.py."
     )
     if not path.exists():
         raise InvalidCheckpointError(f"Checkpoint {path} does not exist. {hint}")
@@ -325,7 +325,7 @@ def check_labels(config, where: str) -> None:
     if labels != LABELS:
         raise InvalidCheckpointError(
             f"{where} labels its {config.num_labels} outputs {labels}, not {LABELS}: it is not an AG News classifier "
-            "of this course. Serve a checkpoint that distrinews-train (or notebook 03/04) wrote."
+            "of this course. Serve a checkpoint that train_single.py or train_ddp.py (notebook 03/04) wrote."
         )
 
 
