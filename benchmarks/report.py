@@ -233,6 +233,8 @@ def program_speed_section(r: dict) -> list:
     md = [
         "## The training program: this checkout's `train_ddp.py` beside an earlier one",
         "",
+        "Measured by `benchmarks/program_speed.py`, on its own (it checks out the earlier commit, so it is not a row "
+        "of `benchmarks/run.py`). "
         f"`make main`'s path: torchrun, {s['nproc']} CPU workers of {s['threads_per_worker']} thread each, "
         f"`train_ddp.py --profile {s['profile']} --global-batch-size {s['global_batch_size']}`, on "
         f"{s['train_size']:,} training rows ({s['epochs']} epoch{'s' if s['epochs'] > 1 else ''}, "
