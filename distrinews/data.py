@@ -420,7 +420,7 @@ def load_splits(cfg):
 
 def load_tokenized_splits(cfg, tokenizer):
     """`cfg`'s training rows and the rows evaluation measures, tokenized (and cached) as torch tensors. The evaluation
-    rows are sorted by length: split into contiguous shards and batched in order, their batches carry little padding."""
+    rows are sorted by length: dealt to the ranks in turn and batched in order, their batches carry little padding."""
     train, test = (tokenize_dataset(ds, tokenizer, cfg.max_length) for ds in load_splits(cfg))
     by_length = sorted(range(len(test)), key=test["length"].__getitem__)
     return train.with_format("torch"), test.select(by_length).with_format("torch")

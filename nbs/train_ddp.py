@@ -45,7 +45,7 @@ def make_loaders(cfg, tokenizer, device, precision, rank, world_size):
     else:
         sampler = DistributedSampler(train_ds, **shard)
     train_dl = DataLoader(train_ds, cfg.batch_size, sampler=sampler, **loader_options(tokenizer, device, precision))
-    test_ds = test_ds.shard(world_size, rank, contiguous=True)
+    test_ds = test_ds.shard(world_size, rank, contiguous=False)  # every world_size-th row: balanced lengths
     test_dl = DataLoader(test_ds, cfg.eval_batch_size, **loader_options(tokenizer, device, precision))
     return train_dl, test_dl, sampler
 
@@ -73,7 +73,8 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None):
 
     ema = make_weight_average(model, cfg.ema_decay)  # None unless --ema-decay: a moving average of the weights
     # a replica on every rank; backward() averages the gradients over the ranks, bucket by bucket, as it goes
-    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # gradient_as_bucket_view: the gradients live in DDP's communication buckets, one copy less per step
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
     register_comm_hook(model, cfg.comm_hook)  # --comm-hook fp16/bf16/powersgd compresses the gradients in flight
     raw_model = model.module  # the model inside the wrapper: what the optimizer steps and the checkpoint holds
     shipped = raw_model if ema is None else ema.module  # what we evaluate and serve
