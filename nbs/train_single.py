@@ -36,7 +36,7 @@ def make_loaders(cfg, tokenizer, device, precision, rank, world_size):
     else:
         sampler = DistributedSampler(train_ds, **shard)
     train_dl = DataLoader(train_ds, cfg.batch_size, sampler=sampler, **loader_options(tokenizer, device, precision))
-    test_ds = test_ds.shard(world_size, rank, contiguous=True)
+    test_ds = test_ds.shard(world_size, rank, contiguous=False)  # every world_size-th row: balanced lengths
     test_dl = DataLoader(test_ds, cfg.eval_batch_size, **loader_options(tokenizer, device, precision))
     return train_dl, test_dl, sampler
 
