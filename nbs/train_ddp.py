@@ -1,7 +1,7 @@
 """Fine-tune a news classifier on AG News with DistributedDataParallel: one process per GPU (or per CPU worker).
 
-Written by notebook 04 (`%%writefile`) from train_single.py (notebook 03): `diff -u train_single.py train_ddp.py`
-shows every line that DDP adds. Launch it with torchrun, which starts one process per worker:
+Notebook 03 writes train_single.py and notebook 04 train_ddp.py: `diff -u train_single.py train_ddp.py` shows every
+line that DDP adds. Every RunConfig field is a flag (--lr 5e-5, --epochs 3, --precision bf16); --help lists them.
 
   torchrun --standalone --nproc_per_node=2 train_ddp.py --profile cpu --global-batch-size 32
   # fault tolerant: a snapshot every 50 steps; up to 3 restarts, each resuming from the latest snapshot
@@ -9,8 +9,6 @@ shows every line that DDP adds. Launch it with torchrun, which starts one proces
   # two machines with 2 GPUs each: the same command on both (--node_rank=1 on the second), pointing at the first
   torchrun --nnodes=2 --node_rank=0 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 \
       --rdzv_id=news train_ddp.py --profile kaggle
-
-Every RunConfig field is a flag (--lr 5e-5, --epochs 3, --comm-hook bf16); --help lists them.
 """
 
 import contextlib

@@ -1,12 +1,10 @@
 """Fine-tune a news classifier on AG News in one process: one GPU, or the CPU's cores.
 
-Written by notebook 03 (`%%writefile`). Notebook 04 turns it into train_ddp.py, and `diff -u train_single.py
-train_ddp.py` shows every line that DDP adds. Run it with:
+Notebook 03 writes train_single.py and notebook 04 train_ddp.py: `diff -u train_single.py train_ddp.py` shows every
+line that DDP adds. Every RunConfig field is a flag (--lr 5e-5, --epochs 3, --precision bf16); --help lists them.
 
   python train_single.py --profile cpu --global-batch-size 32
   python train_single.py --profile cpu --save-every 50   # a snapshot every 50 steps: run it again to resume
-
-Every RunConfig field is a flag (--lr 5e-5, --epochs 3, --precision bf16); --help lists them.
 """
 
 import itertools
@@ -43,7 +41,7 @@ def make_loaders(cfg, tokenizer, device, precision, rank, world_size):
 
 def evaluate(model, test_dl, device, precision) -> dict:
     "Loss, accuracy, per-class accuracy and confusion matrix over every test row."
-    counts = evaluate_counts(model, test_dl, device, precision)  # the loss sum and the confusion matrix
+    counts = evaluate_counts(model, test_dl, device, precision)  # this rank's loss sum and confusion matrix
     return metrics_from_counts(counts)
 
 
