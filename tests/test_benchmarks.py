@@ -184,11 +184,6 @@ def test_committed_program_speed_is_consistent():
 
 
 @pytest.mark.skipif(not PROGRAM_SPEED.exists(), reason="no program_speed.json yet")
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured 0.897x on a shared machine (2026-11-25; a later diagnosis run: 0.957x); 957a4da wrapped DDP with "
-    "gradient_as_bucket_view=True (+1 %). Remove this mark once a re-run of benchmarks/program_speed.py keeps 0.95",
-)
 def test_committed_program_speed_keeps_its_goal():
     "Issue #23: no training speed given up for a readable script (the goal is stored with the measurement)."
     r = json.loads(PROGRAM_SPEED.read_text())
