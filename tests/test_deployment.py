@@ -150,12 +150,16 @@ def test_requirements_pin_the_versions_the_course_is_tested_with():
 
 @pytest.mark.slow
 def test_the_demo_page_is_package_data(tmp_path):
-    "setup.py ships distrinews/static/index.html: a wheel built from the repository contains it."
+    """setup.py ships distrinews/static/index.html and the training scripts of nbs/ (`distrinews.scripts`): a wheel
+    built from the repository contains them."""
     src = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside setup.py
     src.mkdir()
     for name in ("setup.py", "settings.ini", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(ROOT / "distrinews", src / "distrinews", ignore=shutil.ignore_patterns("__pycache__"))
+    (src / "nbs").mkdir()
+    for name in ("__init__.py", "train_single.py", "train_ddp.py"):
+        shutil.copy2(ROOT / "nbs" / name, src / "nbs" / name)
     out = subprocess.run(
         [
             sys.executable,
@@ -179,6 +183,7 @@ def test_the_demo_page_is_package_data(tmp_path):
 
     names = zipfile.ZipFile(next(tmp_path.glob("distrinews-*.whl"))).namelist()
     assert "distrinews/static/index.html" in names and "distrinews/serve.py" in names
+    assert "distrinews/scripts/train_single.py" in names and "distrinews/scripts/train_ddp.py" in names
 
 
 # ---------------------------------------------------------------- the staged build context
