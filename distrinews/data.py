@@ -287,7 +287,8 @@ def stratified_subset(ds, n: int | None, seed: int = 0):
     too big)."""
     if n is None or n >= len(ds):
         return ds
-    return ds.select(stratified_indices(ds["label"], n, seed))
+    labels = ds["label"][:]  # a list: datasets 4 returns a lazy column, which torch would read row by row
+    return ds.select(stratified_indices(labels, n, seed))
 
 # %% ../nbs/02_dataset.ipynb #39b130a3
 def default_cache_dir() -> Path:

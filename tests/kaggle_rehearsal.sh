@@ -7,15 +7,15 @@
 # - a Python environment with the course's base requirements preinstalled (Kaggle's image), built by
 #   tests/kaggle_env.py from links into .venv: only what the wheel's requirements pull in, no dev or scale extras, and
 #   not the course itself. The notebook's first cell installs the course, from a wheel built from this checkout
-#   (DISTRINEWS_INSTALL_SPEC; pip works offline, PIP_NO_INDEX). 00 installs it for 00-10, which share one environment
-#   (their install cells are the same text: tests/test_kaggle.py checks it); 11 installs `distrinews[scale]` into an
-#   environment of its own that holds the scale extra's packages;
+#   (DISTRINEWS_INSTALL_SPEC; pip works offline, PIP_NO_INDEX). The notebooks of a lane (below) share one environment,
+#   so the first of them installs the course for the others (00-10's install cells are one text: tests/test_kaggle.py
+#   checks it); 11 installs `distrinews[scale]` into an environment of its own that holds the scale extra's packages;
 # - no DISTRINEWS_DATA_DIR, no DISTRINEWS_PROFILE, no offline flags, a fresh HOME (no Hugging Face cache); the hub on a
 #   closed local port, so a download that slips in fails at once instead of waiting;
 # - data and model only as attached inputs in a Kaggle-style input folder (DISTRINEWS_KAGGLE_INPUT stands for
 #   /kaggle/input): AG News in the Kaggle dataset's layout, and the MiniLM encoder (a distilbert-base-uncased download
 #   is what this machine cannot do; DISTRINEWS_OVERRIDES names the encoder and tiny sizes, as a learner may);
-# - 04's checkpoint reaches 05, 06 and 11 only as Kaggle passes it: 04's working folder attached as a notebook output.
+# - 04's checkpoint reaches 05 and 06 only as Kaggle passes it: 04's working folder attached as a notebook output.
 # A notebook whose output mentions this clone's path has found the clone, and fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ mkdir -p "$tmp/src/nbs" && cp nbs/__init__.py nbs/train_single.py nbs/train_ddp.
 find "$tmp/src" -name __pycache__ -prune -exec rm -rf {} +
 $BIN/pip wheel -q --no-deps --no-build-isolation -w "$tmp/wheels" "$tmp/src" >/dev/null
 wheel=$(ls "$tmp"/wheels/distrinews-*.whl)
-$BIN/python tests/kaggle_env.py "$tmp/venv" "$wheel"
+for lane in a b; do $BIN/python tests/kaggle_env.py "$tmp/venv-$lane" "$wheel"; done
 $BIN/python tests/kaggle_env.py "$tmp/venv-scale" "$wheel" scale
 
 # the attached inputs: AG News as the Kaggle dataset has it (a header, labels 1-4), and an encoder folder
@@ -52,14 +52,14 @@ session() {  # a fresh Kaggle session (env -i: nothing of this shell's comes alo
 }
 
 wanted=("$@")
-run_one() {  # one notebook, alone in its own working folder; a failure is recorded in $tmp/failed
-  local name=$1 work="$tmp/working/$1" venv="$tmp/venv" extra=() start=$SECONDS clone
+run_one() {  # notebook $1 in environment $2, alone in its own working folder; a failure is recorded in $tmp/failed
+  local name=$1 work="$tmp/working/$1" venv=$2 extra=() start=$SECONDS clone
   mkdir -p "$work"
   cp "nbs/$name.ipynb" "$tmp/nb/"  # File -> Import Notebook: this notebook, nothing else of the repository
   [ "$name" = 11_scale_out ] && venv="$tmp/venv-scale"
-  # 07 measures: the driver's tiny parameters (its results go to the working folder: no clone here)
-  [ "$name" = 07_benchmarks ] && extra=(-p steps 2 -p warmup 1 -p batch_size 8 -p trainer_samples 32 -p repeats 1
-    -y "serving_clients: [4]" -p serving_requests 16)
+  [ "$name" = 04_ddp ] && extra=(-p fair_rows 64)  # its fair comparison: 4 runs of 64 rows, not 640
+  # 07 measures: its `smoke` profile sets tiny parameters (its results go to the working folder: no clone here)
+  [ "$name" = 07_benchmarks ] && extra=(-p profile smoke)
   if ! (cd "$work" && session "$venv" "$venv/bin/python" -m papermill --no-progress-bar --log-level WARNING \
     --cwd "$work" -p profile kaggle "${extra[@]}" "$tmp/nb/$name.ipynb" "$tmp/out/$name.ipynb"); then
     echo "$name" >>"$tmp/failed"; echo "$name (kaggle rehearsal): FAILED after $((SECONDS - start)) s"; return
@@ -95,25 +95,34 @@ PY
   [ "$name" = 04_ddp ] && ln -s "$work" "$tmp/input/distrinews-04-ddp"
   return 0
 }
-lane() {  # the notebooks named, one after the other (those the caller did not ask for are skipped)
+asked() { [ ${#wanted[@]} -eq 0 ] || [[ " ${wanted[*]} " =~ " ${1:0:2} " ]]; }
+lane() {  # lane $1: the notebooks named, one after the other (those the caller did not ask for are skipped)
+  local venv="$tmp/venv-$1"; shift
   for name in "$@"; do
-    if [ ${#wanted[@]} -gt 0 ] && [[ ! " ${wanted[*]} " =~ " ${name:0:2} " ]]; then continue; fi
-    run_one "$name"
+    asked "$name" || continue
+    # 05 and 06 attach 04's output: they start once 04 has run (when this rehearsal runs it)
+    if [[ "$name" =~ ^(05|06)_ ]] && asked 04; then until [ -e "$tmp/ran-04_ddp" ]; do sleep 1; done; fi
+    run_one "$name" "$venv"
+    touch "$tmp/ran-$name"
   done
 }
-# two lanes: 04 and the notebooks that attach its output, then the rest. KAGGLE_REHEARSAL_LANES=2 (what
-# tests/run_tests.sh sets) runs them side by side; with torch's default threads they would contend on 2 cores (03 took
-# 586 s instead of 59 s), so there each session gets OMP_NUM_THREADS=1 (run_tests.sh exports it)
+# two lanes of about equal length, each with an environment of its own: 04, 05, 06, 11, 08; and 00-03, 07, 09, 10.
+# Side by side (KAGGLE_REHEARSAL_PARALLEL=1, what tests/run_tests.sh sets) they keep the 2 cores busy (three lanes
+# measured no faster: the cores are the limit). With torch's default threads the sessions would contend (03 took
+# 586 s instead of 59 s), so each gets OMP_NUM_THREADS=1 there.
+lane_a=(04_ddp 05_inference 06_deploy 11_scale_out 08_debugging_ddp)
+lane_b=(00_concepts 01_model 02_dataset 03_single_gpu 07_benchmarks 09_interview_prep 10_going_further)
 mapfile -t all < <(cd nbs && ls [0-9][0-9]_*.ipynb | sed 's/\.ipynb$//')
-after_04=(04_ddp 05_inference 06_deploy 11_scale_out) others=()
-for name in "${all[@]}"; do [[ " ${after_04[*]} " =~ " $name " ]] || others+=("$name"); done
-if [ "${KAGGLE_REHEARSAL_LANES:-1}" = 2 ]; then
-  lane "${after_04[@]}" &
-  lane "${others[@]}"
+for name in "${all[@]}"; do  # a notebook added to nbs/ and to no lane would go untested
+  [[ " ${lane_a[*]} ${lane_b[*]} " =~ " $name " ]] || { echo "$name is in no lane of $0"; exit 1; }
+done
+if [ -n "${KAGGLE_REHEARSAL_PARALLEL:-}" ]; then
+  lane a "${lane_a[@]}" &
+  lane b "${lane_b[@]}"
   wait
 else
-  lane "${after_04[@]}"
-  lane "${others[@]}"
+  lane a "${lane_a[@]}"
+  lane b "${lane_b[@]}"
 fi
 failed=(); [ -f "$tmp/failed" ] && mapfile -t failed <"$tmp/failed"
 echo "Kaggle rehearsal: $((SECONDS - started)) s in all"

@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export DISTRINEWS_DATA_DIR="${DISTRINEWS_DATA_DIR:-$(cd .. && pwd)/shared/data/ag_news}"
 export DISTRINEWS_PROFILE=smoke
 export DISTRINEWS_CACHE="${DISTRINEWS_CACHE:-$PWD/.cache}"
-# every stage below runs two things side by side (2 notebooks, 2 rehearsal lanes, 2 pytest workers): one torch thread
+# every stage below runs jobs side by side (2 notebooks, 2 rehearsal lanes, 2 pytest workers): one torch thread
 # each. With torch's default (a thread per core), jobs side by side on 2 cores make OpenMP's threads spin waiting for
 # each other: 03's training took 586 s beside another notebook instead of 59 s alone. Set OMP_NUM_THREADS to override.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
@@ -28,7 +28,7 @@ git diff --exit-code --stat -- nbs/*.py nbs/*.sh deployment distrinews/static ||
   echo "a file a notebook writes differs from the committed one: edit the notebook and commit what it writes."; exit 1; }
 
 step "3/4 the Kaggle rehearsal: every notebook once more, alone in an empty Kaggle-like session"
-KAGGLE_REHEARSAL_LANES="${KAGGLE_REHEARSAL_LANES:-2}" bash tests/kaggle_rehearsal.sh
+KAGGLE_REHEARSAL_PARALLEL=1 bash tests/kaggle_rehearsal.sh  # two notebooks at a time
 
 step "4/4 pytest: the library, the scripts, the server, the deployment (2 workers; slowest tests listed at the end)"
 # the demo-page test drives Debian's chromium headless (never `playwright install`: it downloads a browser)
@@ -36,6 +36,8 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >/dev/null \
     || echo "could not install chromium: the browser test will be skipped"
 fi
-# --dist loadgroup: the files with module-scoped fixtures (a server, a site, a venv) keep their tests on one worker
-# (xdist_group), the rest spread over both, so the long torchrun tests of test_ddp.py run side by side
-$BIN/python -m pytest -q -n 2 --dist loadgroup tests
+# --dist loadfile: each file's tests on one worker, so a module-scoped fixture (a server, a docs site, a venv, the 2-rank
+# run test_ddp.py compares against) is built once. (`--dist loadgroup` with xdist_group marks would do it per group,
+# but pytest-xdist 3.8 names the group by setting item._nodeid, which pytest 9 no longer reads: every fixture was
+# built on both workers.) test_ddp.py's torchrun jobs take one worker, the other files the other.
+$BIN/python -m pytest -q -n 2 --dist loadfile tests

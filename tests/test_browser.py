@@ -18,7 +18,7 @@ from conftest import running_server  # noqa: E402   (after the skips above)
 
 from distrinews.model import LABELS  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
+pytestmark = pytest.mark.slow
 
 ARGS = [
     "--headless",

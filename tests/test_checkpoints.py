@@ -19,8 +19,6 @@ from safetensors.torch import load_file
 from distrinews.scripts import train_single  # nbs/train_single.py, the program notebook 03 writes
 from distrinews.train import MANIFEST_FILE, clear_errors, verify_checkpoint
 
-pytestmark = pytest.mark.xdist_group("checkpoints")  # its module-scoped run is built once: all its tests on one worker
-
 TINY = ["--profile", "smoke", "--data-source", "local", "--train-size", "32", "--test-size", "16"]
 TINY += ["--batch-size", "16", "--eval-batch-size", "16", "--max-length", "32", "--precision", "fp32"]
 

@@ -19,8 +19,6 @@ from conftest import ROOT, SPORTS_HEADLINE, http_json, running_server
 
 from distrinews.serve import dockerfile_instructions, dockerfile_problems, stage_space
 
-# its module-scoped fixtures are built once: all its tests on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("deployment")
 DEPLOY = ROOT / "deployment"
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 CACHE = Path(os.environ.get("DISTRINEWS_CACHE") or ROOT / ".cache")

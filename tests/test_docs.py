@@ -27,9 +27,6 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
-# its module-scoped fixtures are built once: all its tests on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("docs")
-
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
 NOTEBOOKS = sorted(p.name for p in NBS.glob("*.ipynb"))

@@ -27,7 +27,7 @@ from conftest import started_server
 from distrinews.inference import PROBE_TEXTS
 from distrinews.model import LABELS, OFFLINE_ENCODER, build_classifier
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("server_http")]
+pytestmark = pytest.mark.slow
 
 MAX_BODY, MAX_CONNECTIONS = 1_048_576, 64
 HEADER_TIMEOUT, BODY_TIMEOUT, KEEP_ALIVE = 1.0, 2.0, 1.0

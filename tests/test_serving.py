@@ -34,8 +34,6 @@ from distrinews.model import LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, build_c
 from distrinews.serve import ServeSettings, SlowClientGuard, begin_shutdown, create_app, main
 
 torch.set_num_threads(1)
-# its module-scoped fixtures are built once: all its tests on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("serving")
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(
     device="cpu",
