@@ -8,6 +8,8 @@
 - fault tolerance: workers killed mid-epoch and mid-snapshot under --max-restarts resume from the last complete
   snapshot and end bit for bit where an uninterrupted run ends (dropout on: every rank's random stream is restored);
 - multi-node: two torchrun agents (one process each) meet over loopback with the c10d rendezvous.
+
+All but the fault test train a 2-layer BERT (the `encoder` fixture): the program is the course's, the model is small.
 """
 
 import json
@@ -65,8 +67,9 @@ def weights(run_dir):
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
     """A 2-layer BERT with random weights and MiniLM's tokenizer, saved as a model folder (`--model-name`): what these
-    tests prove is the same for any encoder, and a 3 MB model writes each of the many snapshots here in milliseconds
-    where MiniLM's (90 MB of weights, twice that of optimizer state) takes a second."""
+    tests prove is the same for any encoder, and a 4 MB model writes each of the many snapshots here in milliseconds
+    where MiniLM's (90 MB of weights, twice that of optimizer state) takes a second. The fault test keeps MiniLM: its
+    kill must land inside a snapshot write."""
     from transformers import BertConfig, BertModel
 
     from distrinews.model import OFFLINE_ENCODER, load_tokenizer
