@@ -39,6 +39,7 @@ SMOKE = {
         world_sizes=[1, 2],
         steps=2,
         warmup=1,
+        ddp_warmup=0,
         batch_size=8,
         trainer_samples=32,
         serving_clients=[4],

@@ -5,6 +5,8 @@ the package's own `distrinews.serve.server_process`."""
 import contextlib
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 # offline is the environment's decision; the test environment makes it here (run_tests.sh sets the same)
@@ -16,6 +18,10 @@ import pytest
 from distrinews.serve import http_json, server_process  # noqa: F401   (http_json: for the test files)
 
 ROOT = Path(__file__).resolve().parents[1]
+# the training scripts notebooks 03 and 04 write, and how the DDP tests launch them: torchrun, one thread per worker
+TRAIN_SINGLE, TRAIN_DDP = ROOT / "nbs" / "train_single.py", ROOT / "nbs" / "train_ddp.py"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+JOB_ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")  # offline: set above
 SPORTS_HEADLINE = "Striker scores twice as United beat Chelsea in the cup final"
 
 
@@ -26,6 +32,20 @@ def load_script(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_job(cmd, timeout=240) -> str:
+    "Run a training job (a command line) from the repository root; returns what it printed, or fails the test."
+    p = subprocess.run([str(c) for c in cmd], env=JOB_ENV, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert p.returncode == 0, f"{cmd} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p.stdout + p.stderr
+
+
+def saved_weights(run_dir) -> dict:
+    "The weights a training run saved in `run_dir/checkpoint`."
+    from safetensors.torch import load_file
+
+    return load_file(Path(run_dir) / "checkpoint" / "model.safetensors")
 
 
 @contextlib.contextmanager

@@ -39,5 +39,5 @@ fi
 # --dist loadfile: each file's tests on one worker, so a module-scoped fixture (a server, a docs site, a venv, the 2-rank
 # run test_ddp.py compares against) is built once. (`--dist loadgroup` with xdist_group marks would do it per group,
 # but pytest-xdist 3.8 names the group by setting item._nodeid, which pytest 9 no longer reads: every fixture was
-# built on both workers.) test_ddp.py's torchrun jobs take one worker, the other files the other.
+# built on both workers.) The two longest files, test_ddp.py and test_ddp_fault_tolerance.py, go to different workers.
 $BIN/python -m pytest -q -n 2 --dist loadfile tests

@@ -5,33 +5,26 @@
 - correctness: train_ddp.py with 2 ranks x batch b == train_single.py with batch 2b, parameter by parameter (dropout
   off, fp32): the diff between the two scripts changes nothing but who computes what;
 - all ranks end with identical parameters (the script checks; we also read its report);
-- fault tolerance: workers killed mid-epoch and mid-snapshot under --max-restarts resume from the last complete
-  snapshot and end bit for bit where an uninterrupted run ends (dropout on: every rank's random stream is restored);
 - multi-node: two torchrun agents (one process each) meet over loopback with the c10d rendezvous.
 
-All but the fault test train a 2-layer BERT (the `encoder` fixture): the program is the course's, the model is small.
+Fault tolerance (workers killed, an exact resume) is test_ddp_fault_tolerance.py: a file of its own, so that pytest's
+two workers can each take one of the two longest files. These tests train a 2-layer BERT (the `encoder` fixture): the
+program is the course's, the model is small.
 """
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, run_job, saved_weights
 
 from distrinews.ddp import free_port
 
 pytestmark = pytest.mark.slow  # torchrun jobs
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "nbs" / "train_ddp.py"  # notebook 04 writes it
-SINGLE = ROOT / "nbs" / "train_single.py"  # notebook 03 writes it
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # a tiny, exact configuration: fp32, no dropout, 96 training rows = 6 steps of a global batch of 16
 TINY = [
     "--profile",
@@ -51,25 +44,14 @@ TINY = [
     "--eval-batch-size",
     "16",
 ]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-
-
-def run(cmd, timeout=240):
-    p = subprocess.run([str(c) for c in cmd], env=ENV, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    assert p.returncode == 0, f"{cmd} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return p.stdout + p.stderr
-
-
-def weights(run_dir):
-    return load_file(Path(run_dir) / "checkpoint" / "model.safetensors")
 
 
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
     """A 2-layer BERT with random weights and MiniLM's tokenizer, saved as a model folder (`--model-name`): what these
     tests prove is the same for any encoder, and a 4 MB model writes each of the many snapshots here in milliseconds
-    where MiniLM's (90 MB of weights, twice that of optimizer state) takes a second. The fault test keeps MiniLM: its
-    kill must land inside a snapshot write."""
+    where MiniLM's (90 MB of weights, twice that of optimizer state) takes a second. The fault-tolerance test keeps
+    MiniLM: its kill must land inside a snapshot write."""
     from transformers import BertConfig, BertModel
 
     from distrinews.model import OFFLINE_ENCODER, load_tokenizer
@@ -101,14 +83,15 @@ def two_rank_run(tmp_path_factory, tiny):
     "One uninterrupted 2-rank run, shared by the tests that compare against it."
     out = tmp_path_factory.mktemp("ddp2")
     launch = [*TORCHRUN, "--standalone", "--nproc_per_node=2"]
-    log = run([*launch, SCRIPT, *tiny, "--batch-size", "8", "--output-dir", out])
+    log = run_job([*launch, TRAIN_DDP, *tiny, "--batch-size", "8", "--output-dir", out])
     return out, log
 
 
 def test_two_ranks_equal_one_process_with_double_batch(two_rank_run, tiny, encoder, tmp_path):
     out2, _ = two_rank_run
-    run([sys.executable, SINGLE, *tiny, "--batch-size", "16", "--output-dir", tmp_path])  # the one-process script
-    w1, w2 = weights(tmp_path), weights(out2)
+    # the one-process script with twice the batch
+    run_job([sys.executable, TRAIN_SINGLE, *tiny, "--batch-size", "16", "--output-dir", tmp_path])
+    w1, w2 = saved_weights(tmp_path), saved_weights(out2)
     assert w1.keys() == w2.keys()
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
     assert worst < 1e-5, f"largest parameter difference {worst:.2e}"
@@ -134,7 +117,7 @@ with torch.no_grad():
 diverged = not replicas_in_sync(m)
 print(f"rank{dist.get_rank()} same={same} diverged={diverged}"); dist.destroy_process_group()
 """
-    log = run(TORCHRUN + ["--standalone", "--nproc_per_node=2", "--no-python", sys.executable, "-c", code])
+    log = run_job(TORCHRUN + ["--standalone", "--nproc_per_node=2", "--no-python", sys.executable, "-c", code])
     assert "rank0 same=True diverged=True" in log and "rank1 same=True diverged=True" in log
 
 
@@ -143,7 +126,7 @@ def test_evaluation_is_exact_for_any_world_size(two_rank_run, tmp_path):
     results = {}
     for n in (1, 3):  # one rank is the reference; 3 ranks split the 203 rows unevenly (68, 68, 67)
         out = tmp_path / f"eval{n}.json"
-        run(
+        run_job(
             TORCHRUN
             + [
                 "--standalone",
@@ -166,56 +149,6 @@ def test_evaluation_is_exact_for_any_world_size(two_rank_run, tmp_path):
     assert results[3]["rank0_items"] < 203  # the work really was split
 
 
-# dropout on, with texts long enough that the ranks' batches differ in length: each rank draws dropout masks of its own
-# shapes, so its random stream is its own (a resume that restored one rank's stream on every rank was not exact)
-EXACT_WITH_DROPOUT = [*TINY[: TINY.index("--max-length")], "--max-length", "64", "--epochs", "1", "--precision", "fp32"]
-EXACT_WITH_DROPOUT += ["--eval-batch-size", "16", "--batch-size", "8", "--save-every", "2"]
-
-
-def test_killed_workers_resume_exactly(tmp_path):
-    """Fault tolerance, proven once: one torchrun job (2 workers, --max-restarts=2, a snapshot every 2 of its 6 steps)
-    loses a worker twice -- rank 1 SIGKILLs itself at step 3, after the step-2 snapshot; in the restarted attempt rank 0
-    is SIGKILLed from outside while it writes the step-4 snapshot. Each attempt resumes from the last complete snapshot
-    and the job ends with the weights of an uninterrupted run, bit for bit."""
-    straight = tmp_path / "straight"
-    run(TORCHRUN + ["--standalone", "--nproc_per_node=2", SCRIPT, *EXACT_WITH_DROPOUT, "--output-dir", straight])
-    out = tmp_path / "faults"
-    cmd = TORCHRUN + ["--standalone", "--nproc_per_node=2", "--max-restarts=2", SCRIPT, *EXACT_WITH_DROPOUT]
-    cmd += ["--simulate-failure-at-step", "3", "--output-dir", out]
-    job = subprocess.Popen(
-        [str(c) for c in cmd], env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
-    reader.start()
-    killed, deadline = None, time.monotonic() + 240
-    while job.poll() is None and time.monotonic() < deadline:
-        if killed is None and any("simulated crash at step 3" in line for line in lines):
-            # the restarted attempt's rank 0 names its half-written snapshot after its process id
-            for tmp in out.glob(".checkpoint.tmp-*"):
-                pid = int(tmp.name.rsplit("-", 1)[1])
-                os.kill(pid, signal.SIGKILL)
-                time.sleep(0.05)
-                killed = (pid, tmp.exists())  # still there: the kill landed inside the write
-                break
-        time.sleep(0.001)
-    job.wait(timeout=10)
-    reader.join(timeout=10)
-    log = "".join(lines)
-    assert job.returncode == 0, log[-4000:]
-    assert killed is not None and killed[1], f"no kill inside a snapshot write: {killed}\n{log[-3000:]}"
-    assert log.count("resumed from") == 2 and "epoch 1, step 2" in log, log[-3000:]
-    assert not list(out.glob(".checkpoint.*")), "a partial snapshot was left behind"
-    w_fault, w_straight = weights(out), weights(straight)
-    different = [k for k in w_straight if not torch.equal(w_fault[k], w_straight[k])]
-    assert not different, f"the resumed run differs from the uninterrupted one in {len(different)} tensors"
-    from distrinews.train import load_training_state
-
-    state, _ = load_training_state(out / "checkpoint")  # loads: not corrupt
-    assert (state["epoch"], state["step"], len(state["rng"])) == (1, 6, 2)
-    assert not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])  # the ranks' streams really differ
-
-
 def test_two_agents_multi_node_over_loopback(two_rank_run, tiny, tmp_path):
     out2, _ = two_rank_run
     port = free_port()
@@ -231,7 +164,7 @@ def test_two_agents_multi_node_over_loopback(two_rank_run, tiny, tmp_path):
                     "--rdzv_backend=c10d",
                     f"--rdzv_endpoint=127.0.0.1:{port}",
                     "--rdzv_id=distrinews-test",
-                    SCRIPT,
+                    TRAIN_DDP,
                     *tiny,
                     "--batch-size",
                     "8",
@@ -239,7 +172,7 @@ def test_two_agents_multi_node_over_loopback(two_rank_run, tiny, tmp_path):
                     tmp_path,
                 ]
             ],
-            env=ENV,
+            env=JOB_ENV,
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -250,7 +183,7 @@ def test_two_agents_multi_node_over_loopback(two_rank_run, tiny, tmp_path):
     logs = [a.communicate(timeout=240)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], "\n".join(lg[-2000:] for lg in logs)
     assert any("2 process(es) x batch 8" in lg for lg in logs)
-    w, w_single_node = weights(tmp_path), weights(out2)  # same job as two ranks on one node: same result
+    w, w_single_node = saved_weights(tmp_path), saved_weights(out2)  # same job as two ranks on one node: same result
     assert max((w[k] - w_single_node[k]).abs().max().item() for k in w) < 1e-6
 
 
@@ -273,8 +206,8 @@ def test_bad_launches_fail_clearly(tmp_path):
     "train_ddp.py started without torchrun, or with half of its environment, says how to launch it: no traceback."
     for env in ({}, {"RANK": "0", "WORLD_SIZE": "2"}):
         p = subprocess.run(
-            [sys.executable, SCRIPT, *TINY, "--output-dir", tmp_path],
-            env={**ENV, **env},
+            [sys.executable, TRAIN_DDP, *TINY, "--output-dir", tmp_path],
+            env={**JOB_ENV, **env},
             capture_output=True,
             text=True,
             cwd=ROOT,
