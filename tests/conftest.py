@@ -99,3 +99,14 @@ def checkpoint(tmp_path_factory):
 def probe_checkpoint(checkpoint, tmp_path_factory):
     "The demo checkpoint with its head fitted on 512 AG News items: an obvious sports headline comes out as Sports."
     return fit_head(checkpoint, tmp_path_factory.mktemp("probe") / "probe")
+
+
+# The longest files first. pytest-xdist (`--dist loadfile --no-loadscope-reorder`, as tests/run_tests.sh runs it) hands
+# the files to its workers in this order; by default it would start the files with the most tests first, which left the
+# two longest (one test each) for last, on one worker, while the other had nothing to do.
+LONGEST_FIRST = ("test_ddp_fault_tolerance.py", "test_ddp.py", "test_scale.py", "test_server_http.py", "test_docs.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order

@@ -40,4 +40,4 @@ fi
 # run test_ddp.py compares against) is built once. (`--dist loadgroup` with xdist_group marks would do it per group,
 # but pytest-xdist 3.8 names the group by setting item._nodeid, which pytest 9 no longer reads: every fixture was
 # built on both workers.) The two longest files, test_ddp.py and test_ddp_fault_tolerance.py, go to different workers.
-$BIN/python -m pytest -q -n 2 --dist loadfile tests
+$BIN/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests  # in the order conftest.py sets: longest first

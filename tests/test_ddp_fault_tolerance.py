@@ -38,9 +38,10 @@ def test_killed_workers_resume_exactly(tmp_path):
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
     reader.start()
-    killed, deadline = None, time.monotonic() + 240
-    while job.poll() is None and time.monotonic() < deadline:
-        if killed is None and any("simulated crash at step 3" in line for line in lines):
+    killed, crashed, deadline = None, False, time.monotonic() + 240
+    while killed is None and job.poll() is None and time.monotonic() < deadline:
+        crashed = crashed or any("simulated crash at step 3" in line for line in lines)
+        if crashed:
             # the restarted attempt's rank 0 names its half-written snapshot after its process id
             for tmp in out.glob(".checkpoint.tmp-*"):
                 pid = int(tmp.name.rsplit("-", 1)[1])
@@ -48,8 +49,8 @@ def test_killed_workers_resume_exactly(tmp_path):
                 time.sleep(0.05)
                 killed = (pid, tmp.exists())  # still there: the kill landed inside the write
                 break
-        time.sleep(0.001)
-    job.wait(timeout=10)
+        time.sleep(0.005)  # MiniLM's snapshot takes about a second to write: polling 200 times a second finds it
+    job.wait(timeout=max(10, deadline - time.monotonic()))
     reader.join(timeout=10)
     log = "".join(lines)
     assert job.returncode == 0, log[-4000:]
