@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the training scripts notebooks 03 and 04 write, and how the DDP tests launch them: torchrun, one thread per worker
 TRAIN_SINGLE, TRAIN_DDP = ROOT / "nbs" / "train_single.py", ROOT / "nbs" / "train_ddp.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-JOB_ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")  # offline: set above
+JOB_ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+JOB_ENV.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # whatever the shell says: a hub call fails at once
 SPORTS_HEADLINE = "Striker scores twice as United beat Chelsea in the cup final"
 
 

@@ -1,4 +1,4 @@
-"""Fault tolerance, proven once: torchrun workers killed mid-epoch and mid-snapshot under --max-restarts resume from
+"""Fault tolerance under torchrun: workers killed mid-epoch and mid-snapshot under --max-restarts resume from
 the last complete snapshot and end bit for bit where an uninterrupted run ends (dropout on: every rank's random stream
 is restored). MiniLM, not test_ddp.py's 2-layer encoder: the kill must land inside a snapshot write, and MiniLM's
 (90 MB of weights, twice that of optimizer state) takes about a second."""
