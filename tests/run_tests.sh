@@ -12,6 +12,10 @@ export DISTRINEWS_CACHE="${DISTRINEWS_CACHE:-$PWD/.cache}"
 # each. With torch's default (a thread per core), jobs side by side on 2 cores make OpenMP's threads spin waiting for
 # each other: 03's training took 586 s beside another notebook instead of 59 s alone. Set OMP_NUM_THREADS to override.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# The few runs with more threads (04's fair comparison, 09's threads demo) wait without spinning, so that they do not
+# burn the CPU of the job beside them. Measured, a 2-thread run beside a 1-thread one: 12.5 s and 11.7 CPU-s spinning,
+# 9.0 s and 7.4 CPU-s passive (the 1-thread neighbour: 10.0 s, 9.2 s).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 step() { printf '\n=== %s   [%d s into the test command]\n' "$*" "$SECONDS"; }
 trap 'printf "\n=== the test command took %d s\n" "$SECONDS"' EXIT
 
