@@ -104,7 +104,6 @@ NOT_FROM_A_BENCHMARK = {
     ("08_debugging_ddp", "30"): "gloo's default process-group timeout (30 minutes), a PyTorch setting",
     ("09_interview_prep", "10"): "an estimate built from the write-up's minutes per epoch (2 epochs on two T4s)",
     ("11_scale_out", "90.875"): "the median of the finished trials' epoch-2 accuracies in tuning_cpu.json (derived)",
-    ("index", "10"): "the test command's time on this machine (three runs: 501, 549 and 570 s): not a benchmark",
     ("11_scale_out", "90.21"): "the `cpu` profile with seed 7 on the test rows: a run not yet kept in a results JSON",
 }
 
