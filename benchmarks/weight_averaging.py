@@ -7,7 +7,7 @@ paired, not two noisy runs against each other.
 
     DISTRINEWS_PROFILE=cpu python benchmarks/weight_averaging.py --validation-size 2000    # ~20 min on 2 CPU cores
     # other settings, another seed (another held-out draw), written elsewhere: the JSON records the settings it ran
-    DISTRINEWS_OVERRIDES='{"lr": 1.5e-4, "label_smoothing": 0.1}' \
+    DISTRINEWS_LR=1.5e-4 DISTRINEWS_LABEL_SMOOTHING=0.1 \
         python benchmarks/weight_averaging.py --seed 7 --out runs/x.json
 
 The rows come from the training split (`--validation-size`, stratified, never trained on): this chooses settings, so the
@@ -48,10 +48,10 @@ def main(argv=None):
     import torch
     from torch.optim.swa_utils import AveragedModel
 
-    from distrinews.model import get_config, load_tokenizer
+    from distrinews.model import get_config, load_tokenizer, pick_device, pick_precision
     from distrinews.scale import SEARCHED  # what the study searches (no Ray or Optuna needed to import it)
     from distrinews.scripts import train_single  # notebook 03's script: the run is that script's `train`
-    from distrinews.train import make_weight_average, pick_device, pick_precision
+    from distrinews.train import make_weight_average
 
     cfg = get_config(
         args.profile,

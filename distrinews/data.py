@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import html
-import json
 import math
 import os
 import re
@@ -18,15 +17,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import DistributedSampler
 
+from .kaggle import KAGGLE_HEADER, find_attached_agnews
 from .model import LABELS, hub_offline
 
 # %% auto #0
-__all__ = ['KAGGLE_HEADER', 'NO_DATA_MESSAGE', 'clean_text', 'AttachedInputError', 'input_root', 'attached_folders',
-           'is_agnews_folder', 'find_attached_agnews', 'is_model_folder', 'is_course_checkpoint',
-           'find_attached_encoder', 'find_attached_checkpoint', 'DataFolderError', 'find_data_dir', 'read_agnews_csv',
-           'locate_data', 'data_source', 'load_agnews', 'stratified_indices', 'stratified_subset', 'default_cache_dir',
-           'tokenize_dataset', 'make_collator', 'LengthGroupedSampler', 'padding_fraction', 'check_training_rows',
-           'load_splits', 'load_tokenized_splits', 'loader_options']
+__all__ = ['NO_DATA_MESSAGE', 'clean_text', 'DataFolderError', 'find_data_dir', 'read_agnews_csv', 'locate_data', 'data_source',
+           'load_agnews', 'stratified_indices', 'stratified_subset', 'default_cache_dir', 'tokenize_dataset',
+           'make_collator', 'LengthGroupedSampler', 'padding_fraction', 'check_training_rows', 'load_splits',
+           'load_tokenized_splits', 'loader_options']
 
 # %% ../nbs/02_dataset.ipynb #a8c178b8
 def clean_text(text: str) -> str:
@@ -36,105 +34,6 @@ def clean_text(text: str) -> str:
     text = html.unescape(html.unescape(text))  # some items are escaped twice ('&amp;lt;')
     text = re.sub(r"<[^>]{0,200}>", " ", text)  # stray markup such as <b> or <a href=...>
     return re.sub(r"\s+", " ", text).strip()
-
-# %% ../nbs/02_dataset.ipynb #896e5403
-KAGGLE_HEADER = "Class Index,Title,Description"  # the first line of the Kaggle dataset's CSVs
-
-
-class AttachedInputError(ValueError):
-    "Two or more attached folders fit and the search cannot tell which one is meant; the message names the fix."
-
-
-def input_root() -> Path:
-    "Where attached inputs live: $DISTRINEWS_KAGGLE_INPUT, else Kaggle's /kaggle/input (which exists only on Kaggle)."
-    return Path(os.environ.get("DISTRINEWS_KAGGLE_INPUT") or "/kaggle/input")
-
-
-def attached_folders(has, root: str | os.PathLike | None = None, depth: int = 5) -> list[Path]:
-    "Folders under `root` (default `input_root()`), at most `depth` levels down, for which `has(folder)` is true."
-    root = Path(root or input_root())
-    if not root.is_dir():
-        return []
-    found = []
-    for here, dirs, _ in os.walk(root, followlinks=True):
-        level = len(Path(here).relative_to(root).parts)
-        if level and has(Path(here)):
-            found.append(Path(here))
-            dirs.clear()  # nothing inside a match is a second one
-        elif level >= depth:
-            dirs.clear()
-        dirs.sort()
-    return found
-
-
-def _agnews_file(path: Path) -> bool:
-    "True if `path` starts like an AG News CSV: the Kaggle header, or a class index 1-4 in the first field."
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            first = f.readline().strip()
-    except OSError:
-        return False
-    return first.startswith(KAGGLE_HEADER) or first.lstrip('"')[:1] in ("1", "2", "3", "4")
-
-
-def is_agnews_folder(folder: Path) -> bool:
-    return all((folder / f).is_file() and _agnews_file(folder / f) for f in ("train.csv", "test.csv"))
-
-
-def _choose(found: list[Path], what: str, how: str) -> Path | None:
-    if len(found) > 1:
-        names = ", ".join(str(p) for p in found)
-        raise AttachedInputError(f"{len(found)} attached folders hold {what}: {names}. Name the one to use: {how}")
-    return found[0] if found else None
-
-
-def find_attached_agnews(root: str | os.PathLike | None = None) -> Path | None:
-    "The attached folder holding AG News' train.csv and test.csv (either layout), None if there is none."
-    return _choose(
-        attached_folders(is_agnews_folder, root),
-        "AG News (train.csv and test.csv)",
-        """DISTRINEWS_OVERRIDES='{"data_dir": "<one of them>"}'.""",
-    )
-
-
-def is_model_folder(folder: Path) -> bool:
-    "A Hugging Face model folder: config.json, weights and a tokenizer."
-    weights = any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
-    vocab = any((folder / f).is_file() for f in ("tokenizer.json", "vocab.txt"))
-    return (folder / "config.json").is_file() and weights and vocab
-
-
-def is_course_checkpoint(folder: Path) -> bool:
-    "A checkpoint a training run of this course saved (notebooks 03/04): a model folder with its run_config.json."
-    if not (is_model_folder(folder) and (folder / "run_config.json").is_file()):
-        return False
-    try:  # the untrained demo checkpoint (notebook 05) has the same files: it is no trained model
-        return json.loads((folder / "run_config.json").read_text()).get("profile") != "demo"
-    except ValueError:
-        return False
-
-
-def find_attached_encoder(name: str, root: str | os.PathLike | None = None) -> Path | None:
-    """The attached model folder for hub model `name` (e.g. 'distilbert-base-uncased'), found by its name in the path
-    (a dataset /kaggle/input/distilbert-base-uncased/, a Kaggle model .../distilbert-base-uncased/1/); None if none."""
-    key = str(name).rstrip("/").split("/")[-1].lower()
-    root = Path(root or input_root())
-
-    def fits(folder):
-        return is_model_folder(folder) and not is_course_checkpoint(folder)
-
-    found = [p for p in attached_folders(fits, root) if key in (s.lower() for s in p.relative_to(root).parts)]
-    return _choose(found, f"the model {name!r}", """DISTRINEWS_OVERRIDES='{"model_name": "<one of them>"}'.""")
-
-
-def find_attached_checkpoint(output_dir: str = "", root: str | os.PathLike | None = None) -> Path | None:
-    """The checkpoint a previous notebook saved, attached as that notebook's output (/kaggle/input/<notebook>/...):
-    the one under `output_dir` (e.g. 'runs/kaggle') when there are several; None if there is none."""
-    found = attached_folders(is_course_checkpoint, root)
-    if len(found) > 1 and output_dir:
-        tail = Path(output_dir, "checkpoint").parts
-        found = [p for p in found if p.parts[-len(tail) :] == tail] or found
-    return _choose(found, "a trained checkpoint", "set `checkpoint = '<one of them>'` in the parameters cell.")
 
 # %% ../nbs/02_dataset.ipynb #667325e4
 class DataFolderError(ValueError):

@@ -28,10 +28,11 @@ from distrinews.model import (
     ModelNotAvailableError,
     build_classifier,
     load_tokenizer,
+    native_bf16,
+    pick_device,
     predict,
     use_pooling,
 )
-from .train import native_bf16, pick_device
 
 # %% auto #0
 __all__ = ['WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'PROBE_TEXTS', 'NO_CHECKPOINT_MESSAGE', 'make_demo_checkpoint',
@@ -688,7 +689,7 @@ NO_CHECKPOINT_MESSAGE = (
 def default_checkpoint(profile: str | None = None, root: str | os.PathLike | None = None) -> Path | None:
     """The training checkpoint of `profile`: in its `run_folder` (looked up from `root`), else one that notebook 04
     saved in another Kaggle session, attached to this one as that notebook's output; None if there is none."""
-    from distrinews.data import find_attached_checkpoint
+    from distrinews.kaggle import find_attached_checkpoint
     from distrinews.model import get_config, run_folder
 
     cfg = get_config(profile)
@@ -702,7 +703,7 @@ def pick_checkpoint(
     """The checkpoint a serving notebook uses: `checkpoint` if given, else `default_checkpoint` (not for the smoke
     profile, whose tests serve a demo). None means the untrained demo checkpoint, and the caller says so. On Kaggle,
     where nobody would want that, it stops instead, saying how to attach notebook 04's checkpoint."""
-    from distrinews.data import input_root
+    from distrinews.kaggle import input_root
     from distrinews.model import get_config, running_on
 
     if checkpoint is not None:

@@ -6,21 +6,22 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field, ValidationError
+from pydantic.dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBERT', 'PROFILES', 'POOLINGS', 'RunConfig',
-           'running_on', 'pick_profile', 'env_overrides', 'get_config', 'run_folder', 'environment_banner',
-           'add_config_args', 'config_from_args', 'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline',
-           'resolve_model_source', 'use_pooling', 'load_tokenizer', 'build_classifier', 'predict']
+__all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBERT', 'PROFILES', 'AUTOCAST_DTYPES', 'POOLINGS',
+           'RunConfig', 'running_on', 'pick_profile', 'env_overrides', 'config_problems', 'get_config', 'run_folder',
+           'environment_banner', 'config_parser', 'config_from_args', 'pick_device', 'native_bf16', 'pick_precision',
+           'make_grad_scaler', 'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline', 'resolve_model_source',
+           'use_pooling', 'load_tokenizer', 'build_classifier', 'predict']
 
 # %% ../nbs/01_model.ipynb #28bacc3c
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -32,7 +33,7 @@ OFFLINE_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"  # shipped offline by
 RANDOM_DISTILBERT = "random:distilbert-base-uncased"  # the real DistilBERT shape with random weights (speed tests)
 
 
-@dataclass
+@dataclass  # pydantic's: each field is checked against its annotation, ranges included
 class RunConfig:
     "Everything that defines one training run. Sizes of `None` mean 'the whole split'."
 
@@ -40,83 +41,48 @@ class RunConfig:
     model_name: str = OFFLINE_ENCODER  # hub name, local folder, or `RANDOM_DISTILBERT`
     data_source: Literal["auto", "local", "hub"] = "auto"  # auto: local when a data folder is set, else the hub
     data_dir: str | None = None  # a folder in the original AG News CSV format; default: $DISTRINEWS_DATA_DIR
-    train_size: int | None = None  # stratified subset of the train split
-    test_size: int | None = None  # stratified subset of the test split
-    validation_size: int = 0  # training rows held out (stratified, never trained on) for choosing settings
+    train_size: Annotated[int, Field(ge=1)] | None = None  # stratified subset of the train split
+    test_size: Annotated[int, Field(ge=1)] | None = None  # stratified subset of the test split
+    # training rows held out (stratified, never trained on) for choosing settings
+    validation_size: Annotated[int, Field(ge=0)] = 0
     eval_split: Literal["test", "validation"] = "test"  # what `evaluate` measures: the test split or the held-out rows
-    max_length: int = 128  # tokens; AG News headlines+leads rarely exceed 100
-    batch_size: int = 32  # per process (DDP: per rank)
-    eval_batch_size: int = 128
-    lr: float = 1e-4
-    epochs: int = 2
-    warmup_ratio: float = 0.06  # fraction of optimizer steps spent warming up
-    weight_decay: float = 0.01
-    grad_accum: int = 1  # micro-batches per optimizer step
-    max_grad_norm: float = 1.0
-    label_smoothing: float = 0.0  # spread this much target probability over the other classes (regularizes)
-    layer_lr_decay: float = 1.0  # each layer below the head learns this factor slower than the one above (1: all alike)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = (
-        "auto"  # auto: bf16 where native, fp16 on older GPUs, else fp32
-    )
+    max_length: Annotated[int, Field(ge=1)] = 128  # tokens; AG News headlines+leads rarely exceed 100
+    batch_size: Annotated[int, Field(ge=1)] = 32  # per process (DDP: per rank)
+    eval_batch_size: Annotated[int, Field(ge=1)] = 128
+    lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
+    epochs: Annotated[int, Field(ge=1)] = 2
+    warmup_ratio: Annotated[float, Field(ge=0, le=1)] = 0.06  # fraction of optimizer steps spent warming up
+    weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.01
+    grad_accum: Annotated[int, Field(ge=1)] = 1  # micro-batches per optimizer step
+    max_grad_norm: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    # spread this much target probability over the other classes (regularizes)
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    # each layer below the head learns this factor slower than the one above (1: all alike)
+    layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # auto: bf16 where native, fp16 on older GPUs, else fp32
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     seed: int = 42
     output_dir: str = "runs/cpu"
-    save_every: int = 0  # optimizer steps between resumable checkpoints (0: end of each epoch only)
+    # optimizer steps between resumable checkpoints (0: end of each epoch only)
+    save_every: Annotated[int, Field(ge=0)] = 0
     group_by_length: bool = True  # length-grouped batches: far less padding
-    dropout: float | None = None  # override every dropout probability of the model (0.0 for exactness tests)
+    # override every dropout probability of the model (0.0 for exactness tests)
+    dropout: Annotated[float, Field(ge=0, lt=1)] | None = None
     pooling: Literal["cls", "mean"] = "cls"  # what the head reads: the first token ([CLS]) or the mean of all tokens
-    ema_decay: float = 0.0  # > 0: also keep a moving average of the weights (evaluated and saved); 0: off
-    num_threads: int | None = None  # torch CPU threads per process (None: torch's default)
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = (
-        "none"  # DDP: none = plain all-reduce; else a built-in hook
-    )
+    # > 0: also keep a moving average of the weights (evaluated and saved); 0: off
+    ema_decay: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    num_threads: Annotated[int, Field(ge=1)] | None = None  # torch CPU threads per process (None: torch's default)
+    # DDP: none = plain all-reduce; else a built-in hook
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
 
-    def __post_init__(self):
-        for f in fields(self):  # the allowed values of a Literal field are written in its annotation
-            allowed = (
-                getattr(_FIELD_TYPES[f.name], "__args__", ())
-                if getattr(_FIELD_TYPES[f.name], "__origin__", None) is Literal
-                else ()
-            )
-            if allowed and getattr(self, f.name) not in allowed:
-                raise ValueError(f"RunConfig.{f.name}={getattr(self, f.name)!r} is not one of {allowed}.")
-        for name in ("batch_size", "eval_batch_size", "epochs", "grad_accum", "max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}.")
-        if not 0 < self.layer_lr_decay <= 1:
-            raise ValueError(
-                f"RunConfig.layer_lr_decay must be in (0, 1], got {self.layer_lr_decay} "
-                "(1 = one learning rate for all layers)."
-            )
-        if not 0 <= self.ema_decay < 1:
-            raise ValueError(
-                f"RunConfig.ema_decay must be in [0, 1), got {self.ema_decay} (0 = no weight average; 0.99 "
-                "= an average over about the last 100 optimizer steps)."
-            )
+    def __post_init__(self):  # the ranges are in the annotations (checked by pydantic); this needs two fields
         if self.eval_split == "validation" and self.validation_size < 1:
             raise ValueError("eval_split='validation' needs validation_size >= 1 (training rows to hold out).")
-        for name, (ok, allowed) in _RANGES.items():
-            if not ok(getattr(self, name)):  # NaN fails every comparison, so it is refused too
-                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} is out of range: it must be {allowed}.")
 
     @property
     def effective_batch_size(self):
         return self.batch_size * self.grad_accum
 
-
-_FIELD_TYPES = typing.get_type_hints(RunConfig)  # the real types behind this module's string annotations
-_RANGES = {  # field: (the check, the allowed values in words)
-    "lr": (lambda v: 0 < v < float("inf"), "a finite number > 0"),
-    "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1] (the fraction of optimizer steps spent warming up)"),
-    "weight_decay": (lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
-    "max_grad_norm": (lambda v: 0 < v < float("inf"), "a finite number > 0 (gradients are clipped to this norm)"),
-    "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "save_every": (lambda v: v >= 0, ">= 0 (0: a checkpoint at the end of each epoch only)"),
-    "validation_size": (lambda v: v >= 0, ">= 0"),
-    "train_size": (lambda v: v is None or v >= 1, ">= 1, or None for the whole split"),
-    "test_size": (lambda v: v is None or v >= 1, ">= 1, or None for the whole split"),
-    "dropout": (lambda v: v is None or 0 <= v < 1, "in [0, 1), or None for the model's own"),
-    "num_threads": (lambda v: v is None or v >= 1, ">= 1, or None for torch's default"),
-}
 
 PROFILES = {
     "smoke": dict(
@@ -169,31 +135,31 @@ def pick_profile(profile: str | None = None) -> str:
 
 
 def env_overrides() -> dict:
-    'RunConfig fields set by $DISTRINEWS_OVERRIDES, a JSON object such as `{"model_name": "/models/distilbert"}`.'
-    text = os.environ.get("DISTRINEWS_OVERRIDES", "").strip()
-    if not text:
-        return {}
-    try:
-        values = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(
-            f"DISTRINEWS_OVERRIDES is not valid JSON ({e}): {text!r}. "
-            'Example: DISTRINEWS_OVERRIDES=\'{"train_size": 2000, "epochs": 1}\''
-        ) from None
-    if not isinstance(values, dict):
-        raise ValueError(f"DISTRINEWS_OVERRIDES must be a JSON object, got {text!r}.")
-    return values
+    """RunConfig fields set in the environment, one variable per field: DISTRINEWS_TRAIN_SIZE=2000,
+    DISTRINEWS_MODEL_NAME=/kaggle/input/distilbert (DISTRINEWS_PROFILE and DISTRINEWS_DATA_DIR are read where used)."""
+    names = {f"DISTRINEWS_{f.name.upper()}": f.name for f in fields(RunConfig) if f.name not in ("profile", "data_dir")}
+    return {name: os.environ[var] for var, name in names.items() if os.environ.get(var)}
+
+
+def config_problems(error: ValidationError) -> str:
+    "Pydantic's report on a RunConfig as one line: each field, the value it got and what it must be."
+    return "; ".join(
+        f"RunConfig.{e['loc'][0]}={e['input']!r}: {e['msg']}" if e["loc"] else e["msg"] for e in error.errors()
+    )
 
 
 def get_config(profile: str | None = None, *, use_env: bool = True, **overrides) -> RunConfig:
-    """A `RunConfig` for `profile` (see `pick_profile`), then $DISTRINEWS_OVERRIDES (unless `use_env=False`), then
-    `overrides`."""
+    """A `RunConfig` for `profile` (see `pick_profile`), then the DISTRINEWS_<FIELD> variables (unless `use_env=False`),
+    then `overrides`."""
     name = pick_profile(profile)
     overrides = {**(env_overrides() if use_env else {}), **overrides}
     unknown = set(overrides) - {f.name for f in fields(RunConfig)}
     if unknown:
         raise TypeError(f"Unknown RunConfig field(s) {sorted(unknown)}; valid: {[f.name for f in fields(RunConfig)]}")
-    return RunConfig(**{**PROFILES[name], "profile": name, **overrides})
+    try:
+        return RunConfig(**{**PROFILES[name], "profile": name, **overrides})
+    except ValidationError as e:
+        raise ValueError(config_problems(e)) from None
 
 
 def run_folder(cfg: RunConfig, start: str | os.PathLike | None = None) -> Path:
@@ -216,27 +182,16 @@ def environment_banner(profile: str | None = None) -> str:
         else "guessed from the machine"
     )
     extra = env_overrides()
-    extra = f" + overrides from $DISTRINEWS_OVERRIDES: {extra}" if extra else ""
+    extra = f" + from the environment: {extra}" if extra else ""
     return f"Running on {running_on()} ({hardware}) -> profile '{pick_profile(profile)}' ({reason}){extra}"
 
 # %% ../nbs/01_model.ipynb #fa85f78e
-def add_config_args(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    "One `--field-name` flag per `RunConfig` field (typed and checked from the dataclass) plus `--profile`."
+def config_parser(**kwargs) -> argparse.ArgumentParser:
+    "A command line with one `--field-name` flag per `RunConfig` field (`--profile` included); `kwargs` go to argparse."
     from transformers import HfArgumentParser
 
-    parser = parser or argparse.ArgumentParser()
-    # HfArgumentParser adds a flag per dataclass field with its real type (int, float, bool, Literal choices)
-    fields_parser = HfArgumentParser(RunConfig, add_help=False)
-    for action in fields_parser._actions:
-        if action.dest == "profile":
-            continue
-        action.default = None  # unset flags keep the profile's value (see config_from_args)
-        if action.help is None:
-            action.help = f"(RunConfig.{action.dest})"
-        parser._add_action(action)
-    parser.add_argument(
-        "--profile", default=None, help=f"one of {sorted(PROFILES)} (default: $DISTRINEWS_PROFILE or auto)"
-    )
+    parser = argparse.ArgumentParser(parents=[HfArgumentParser(RunConfig, add_help=False)], **kwargs)
+    parser.set_defaults(**{f.name: None for f in fields(RunConfig)})  # unset: the profile's value (config_from_args)
     return parser
 
 
@@ -248,6 +203,63 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if f.name != "profile" and getattr(args, f.name, None) is not None
     }
     return get_config(args.profile, **overrides)
+
+# %% ../nbs/01_model.ipynb #dcb45a81
+def pick_device(device: str | torch.device | None = "auto", local_rank: int = 0) -> torch.device:
+    """`auto`/None: GPU `local_rank` when there are GPUs (each process of a machine its own), else the CPU; otherwise
+    the named device, which must exist."""
+    if device in (None, "auto"):
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"LOCAL_RANK {local_rank} but this machine has {torch.cuda.device_count()} GPU(s): start at most "
+                "that many processes per machine (torchrun --nproc_per_node)."
+            )
+        return torch.device("cuda", local_rank)
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} was requested but CUDA is not available here; use 'cpu' or 'auto'.")
+    return device
+
+
+def native_bf16(device: str | torch.device) -> bool:
+    """True when `device` computes in bfloat16 natively (an Ampere or newer GPU; a CPU with AVX512-BF16 or AMX).
+    Elsewhere bf16 is emulated and slow."""
+    device = torch.device(device)
+    # not torch.cuda.is_bf16_supported(): it also says True where bf16 is only emulated (a T4 is compute capability 7.5)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
+    if device.type == "cpu":
+        checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+        return any(bool(check()) for check in checks if check is not None)
+    return False
+
+
+def pick_precision(precision: str, device: torch.device) -> str:
+    "Resolve `auto` to bf16, fp16 or fp32 for `device`; reject combinations that cannot work."
+    cuda = device.type == "cuda"
+    if precision == "auto":
+        if native_bf16(device):
+            return "bf16"
+        return "fp16" if cuda else "fp32"
+    if precision == "fp16" and not cuda:
+        raise ValueError("precision='fp16' needs a CUDA GPU (fp16 with GradScaler); on CPU use 'bf16' or 'fp32'.")
+    if precision == "bf16" and cuda and not native_bf16(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(
+            f"This GPU ({torch.cuda.get_device_name(device)}, compute capability {major}.{minor}) has no native "
+            "bf16 (it needs 8.0+, e.g. A100, L4, H100): use precision='fp16' or 'auto'."
+        )
+    return precision
+
+
+def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    "Loss scaling for fp16 (small gradients underflow its range); bf16 and fp32 need none (a disabled scaler: no-op)."
+    return torch.amp.GradScaler(torch.device(device).type, enabled=precision == "fp16")
+
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # %% ../nbs/01_model.ipynb #3d0b4761
 class ModelNotAvailableError(RuntimeError):
@@ -283,7 +295,7 @@ def resolve_model_source(name: str | os.PathLike) -> str:
                 "Pass a folder written by `save_pretrained` (e.g. a DistriNews checkpoint)."
             )
         return str(Path(name).expanduser())
-    from distrinews.data import find_attached_encoder  # imported here: the data module imports this one
+    from distrinews.kaggle import find_attached_encoder
 
     attached = find_attached_encoder(name)  # on Kaggle: the model attached to the notebook (Add Input), if any
     if attached is not None:

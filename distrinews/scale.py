@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from .model import RunConfig, add_config_args, config_from_args
+from .model import RunConfig, config_from_args, config_parser
 
 # %% auto #0
 __all__ = ['SEARCHED', 'start_ray', 'ray_train_loop', 'train_with_ray', 'suggest_settings', 'trial_config', 'objective',
@@ -572,7 +572,8 @@ def main(argv=None):
         description="Scale out: DDP under Ray Train, and workers of a distributed Optuna search.",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("tune-worker", help="pull trials from a shared Optuna study and train them")
+    fields = [config_parser(add_help=False)]  # one flag per RunConfig field
+    w = sub.add_parser("tune-worker", parents=fields, help="pull trials from a shared Optuna study and train them")
     w.add_argument(
         "--storage",
         required=True,
@@ -590,14 +591,12 @@ def main(argv=None):
     w.add_argument(
         "--sampler-seed", type=int, help="the sampler's seed (give each worker its own; --seed is the training seed)"
     )
-    r = sub.add_parser("ray-train", help="train with DDP on a Ray cluster")
+    r = sub.add_parser("ray-train", parents=fields, help="train with DDP on a Ray cluster")
     r.add_argument("--address", help="the Ray cluster ('auto' on a node of one); default: start a local one")
     r.add_argument("--num-workers", type=int, default=2)
     r.add_argument("--max-failures", type=int, default=3, help="worker failures to recover from")
     r.add_argument("--storage-path", help="where Ray keeps checkpoints (shared by all nodes); default OUTPUT_DIR/ray")
     r.add_argument("--global-batch-size", type=int)
-    for parser in (w, r):
-        add_config_args(parser)
     args = p.parse_args(argv)
     try:
         cfg = config_from_args(args)

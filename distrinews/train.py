@@ -24,83 +24,29 @@ from torch.nn.utils import clip_grad_norm_
 
 from .data import data_source
 from distrinews.model import (
+    AUTOCAST_DTYPES,
     LABELS,
     RunConfig,
-    add_config_args,
     build_classifier,
     config_from_args,  # noqa: F401  (the training scripts import it from here)
+    config_parser,
     load_tokenizer,
+    make_grad_scaler,  # noqa: F401  (the training scripts import it from here)
+    pick_device,  # noqa: F401  (the training scripts import it from here)
+    pick_precision,
 )
 
 # %% auto #0
-__all__ = ['AUTOCAST_DTYPES', 'STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'pick_device',
-           'native_bf16', 'pick_precision', 'make_grad_scaler', 'training_attention', 'use_training_attention',
-           'seed_everything', 'rng_state', 'set_rng_state', 'atomic_directory', 'write_json_atomic', 'CheckpointError',
-           'file_sha256', 'write_manifest', 'verify_checkpoint', 'find_checkpoint', 'clean_checkpoint_leftovers',
-           'no_weights_progress_bar', 'CheckpointWriteError', 'describe_write_error', 'save_checkpoint',
-           'load_training_state', 'check_resumable', 'layer_depth', 'make_optimizer', 'make_scheduler',
-           'scaled_optimizer_step', 'make_weight_average', 'NonFiniteError', 'check_finite_weights', 'check_writable',
-           'RunState', 'checkpoint_dir', 'restarted', 'prepare_run', 'load_model', 'autocast', 'optimizer_step',
-           'check_finite_loss', 'evaluate_counts', 'metrics_from_counts', 'epoch_metrics', 'training_state',
-           'resume_from', 'write_metrics', 'simulate_failure', 'per_rank_batch_size', 'training_parser', 'check_config',
-           'clear_errors', 'plot_history']
-
-# %% ../nbs/03_single_gpu.ipynb #dcb45a81
-def pick_device(device: str | torch.device | None = "auto", local_rank: int = 0) -> torch.device:
-    """`auto`/None: GPU `local_rank` when there are GPUs (each process of a machine its own), else the CPU; otherwise
-    the named device, which must exist."""
-    if device in (None, "auto"):
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        if local_rank >= torch.cuda.device_count():
-            raise ValueError(
-                f"LOCAL_RANK {local_rank} but this machine has {torch.cuda.device_count()} GPU(s): start at most "
-                "that many processes per machine (torchrun --nproc_per_node)."
-            )
-        return torch.device("cuda", local_rank)
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r} was requested but CUDA is not available here; use 'cpu' or 'auto'.")
-    return device
-
-
-def native_bf16(device: str | torch.device) -> bool:
-    """True when `device` computes in bfloat16 natively (an Ampere or newer GPU; a CPU with AVX512-BF16 or AMX).
-    Elsewhere bf16 is emulated and slow."""
-    device = torch.device(device)
-    # not torch.cuda.is_bf16_supported(): it also says True where bf16 is only emulated (a T4 is compute capability 7.5)
-    if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
-    if device.type == "cpu":
-        checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-        return any(bool(check()) for check in checks if check is not None)
-    return False
-
-
-def pick_precision(precision: str, device: torch.device) -> str:
-    "Resolve `auto` to bf16, fp16 or fp32 for `device`; reject combinations that cannot work."
-    cuda = device.type == "cuda"
-    if precision == "auto":
-        if native_bf16(device):
-            return "bf16"
-        return "fp16" if cuda else "fp32"
-    if precision == "fp16" and not cuda:
-        raise ValueError("precision='fp16' needs a CUDA GPU (fp16 with GradScaler); on CPU use 'bf16' or 'fp32'.")
-    if precision == "bf16" and cuda and not native_bf16(device):
-        major, minor = torch.cuda.get_device_capability(device)
-        raise ValueError(
-            f"This GPU ({torch.cuda.get_device_name(device)}, compute capability {major}.{minor}) has no native "
-            "bf16 (it needs 8.0+, e.g. A100, L4, H100): use precision='fp16' or 'auto'."
-        )
-    return precision
-
-
-def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
-    "Loss scaling for fp16 (small gradients underflow its range); bf16 and fp32 need none (a disabled scaler: no-op)."
-    return torch.amp.GradScaler(torch.device(device).type, enabled=precision == "fp16")
-
-
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+__all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'training_attention',
+           'use_training_attention', 'seed_everything', 'rng_state', 'set_rng_state', 'atomic_directory',
+           'write_json_atomic', 'CheckpointError', 'file_sha256', 'write_manifest', 'verify_checkpoint',
+           'find_checkpoint', 'clean_checkpoint_leftovers', 'no_weights_progress_bar', 'CheckpointWriteError',
+           'describe_write_error', 'save_checkpoint', 'load_training_state', 'check_resumable', 'layer_depth',
+           'make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'make_weight_average', 'NonFiniteError',
+           'check_finite_weights', 'check_writable', 'RunState', 'checkpoint_dir', 'restarted', 'prepare_run',
+           'load_model', 'autocast', 'optimizer_step', 'check_finite_loss', 'evaluate_counts', 'metrics_from_counts',
+           'epoch_metrics', 'training_state', 'resume_from', 'write_metrics', 'simulate_failure', 'per_rank_batch_size',
+           'training_parser', 'check_config', 'clear_errors', 'plot_history']
 
 # %% ../nbs/03_single_gpu.ipynb #a7e1c0d2
 def training_attention(device: str | torch.device) -> str:
@@ -692,8 +638,7 @@ def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int
 
 def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
     "The training scripts' command line: one flag per `RunConfig` field, and how to start, resume or check a run."
-    p = argparse.ArgumentParser(prog=prog, description="Fine-tune a news classifier on AG News.")
-    add_config_args(p)
+    p = config_parser(prog=prog, description="Fine-tune a news classifier on AG News.")
     p.add_argument(
         "--global-batch-size", type=int, help="rows per optimizer step over all processes (sets --batch-size)"
     )

@@ -14,7 +14,8 @@
 #   closed local port, so a download that slips in fails at once instead of waiting;
 # - data and model only as attached inputs in a Kaggle-style input folder (DISTRINEWS_KAGGLE_INPUT stands for
 #   /kaggle/input): AG News in the Kaggle dataset's layout, and the MiniLM encoder (a distilbert-base-uncased download
-#   is what this machine cannot do; DISTRINEWS_OVERRIDES names the encoder and tiny sizes, as a learner may);
+#   is what this machine cannot do; DISTRINEWS_MODEL_NAME and DISTRINEWS_TRAIN_SIZE etc. name the encoder and tiny sizes, as a
+#   learner may);
 # - 04's checkpoint reaches 05 and 06 only as Kaggle passes it: 04's working folder attached as a notebook output.
 # A notebook whose output mentions this clone's path has found the clone, and fails.
 set -euo pipefail
@@ -47,7 +48,8 @@ session() {  # a fresh Kaggle session (env -i: nothing of this shell's comes alo
     DISTRINEWS_KAGGLE_INPUT="$tmp/input" DISTRINEWS_INSTALL_SPEC="$wheel" PIP_NO_INDEX=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_ETAG_TIMEOUT=2 HF_HUB_DOWNLOAD_TIMEOUT=2 \
     ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} ${OMP_WAIT_POLICY:+OMP_WAIT_POLICY=$OMP_WAIT_POLICY} \
-    DISTRINEWS_OVERRIDES='{"model_name": "sentence-transformers/all-MiniLM-L6-v2", "train_size": 512, "test_size": 256, "max_length": 64, "eval_batch_size": 64}' \
+    DISTRINEWS_MODEL_NAME=sentence-transformers/all-MiniLM-L6-v2 DISTRINEWS_TRAIN_SIZE=512 DISTRINEWS_TEST_SIZE=256 \
+    DISTRINEWS_MAX_LENGTH=64 DISTRINEWS_EVAL_BATCH_SIZE=64 \
     "$@"
 }
 
@@ -106,12 +108,12 @@ lane() {  # lane $1: the notebooks named, one after the other (those the caller 
     touch "$tmp/ran-$name"
   done
 }
-# two lanes of about equal length, each with an environment of its own: 04, 05, 06, 11, 08; and 00-03, 07, 09, 10.
+# two lanes of about equal length, each with an environment of its own: 04, 05, 06, 11, 08; and 00-03, 07, 09, 10, 12.
 # Side by side (KAGGLE_REHEARSAL_PARALLEL=1, what tests/run_tests.sh sets) they keep the 2 cores busy (three lanes
 # measured no faster: the cores are the limit). With torch's default threads the sessions would contend (03 took
 # 586 s instead of 59 s), so each gets OMP_NUM_THREADS=1 there.
 lane_a=(04_ddp 05_inference 06_deploy 11_scale_out 08_debugging_ddp)
-lane_b=(00_concepts 01_model 02_dataset 03_single_gpu 07_benchmarks 09_interview_prep 10_going_further)
+lane_b=(00_concepts 01_model 02_dataset 03_single_gpu 07_benchmarks 09_interview_prep 10_going_further 12_kaggle_inputs)
 mapfile -t all < <(cd nbs && ls [0-9][0-9]_*.ipynb | sed 's/\.ipynb$//')
 for name in "${all[@]}"; do  # a notebook added to nbs/ and to no lane would go untested
   [[ " ${lane_a[*]} ${lane_b[*]} " =~ " $name " ]] || { echo "$name is in no lane of $0"; exit 1; }

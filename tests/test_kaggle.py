@@ -9,15 +9,8 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
-from distrinews.data import (
-    KAGGLE_HEADER,
-    DataFolderError,
-    find_attached_agnews,
-    find_attached_checkpoint,
-    find_data_dir,
-    load_agnews,
-    read_agnews_csv,
-)
+from distrinews.data import DataFolderError, find_data_dir, load_agnews, read_agnews_csv
+from distrinews.kaggle import KAGGLE_HEADER, find_attached_agnews, find_attached_checkpoint
 from distrinews.model import OFFLINE_ENCODER, packaged_encoder_dir, resolve_model_source
 
 NBS = Path(__file__).resolve().parents[1] / "nbs"
@@ -63,7 +56,7 @@ def test_two_attached_copies_say_how_to_choose(agnews, tmp_path):
         (tmp_path / name).mkdir()
         for split in ("train", "test"):
             shutil.copy(agnews / f"{split}.csv", tmp_path / name / f"{split}.csv")
-    with pytest.raises(ValueError, match="""2 attached folders hold AG News .*DISTRINEWS_OVERRIDES='{"data_dir":"""):
+    with pytest.raises(ValueError, match="2 attached folders hold AG News .*DISTRINEWS_DATA_DIR=<one of them>"):
         find_attached_agnews(tmp_path)
 
 
@@ -95,9 +88,9 @@ def first_code_cell(notebook: Path) -> str:
 
 def test_every_notebook_installs_the_course_first():
     """Each numbered notebook's first cell installs the course, from DISTRINEWS_INSTALL_SPEC when it is set; 00-10's
-    cells are one text (the rehearsal runs 00's for all of them), 11's adds the scale extra."""
+    and 12's cells are one text (the rehearsal runs 00's for all of them), 11's adds the scale extra."""
     cells = {nb.name[:2]: first_code_cell(nb) for nb in sorted(NBS.glob("[0-9][0-9]_*.ipynb"))}
-    assert sorted(cells) == [f"{i:02d}" for i in range(12)]
+    assert sorted(cells) == [f"{i:02d}" for i in range(13)]
     assert len({cells[n] for n in cells if n != "11"}) == 1
     for text in cells.values():
         assert 'os.environ.get("DISTRINEWS_INSTALL_SPEC", "git+https://github.com/distrinews/distrinews")' in text
@@ -112,7 +105,7 @@ def test_on_kaggle_with_no_checkpoint_the_serving_notebooks_stop_and_say_how(not
     stop near the top with one message that says how to attach 04's checkpoint, and never serve an untrained model."""
     empty = tmp_path / "input"
     empty.mkdir()
-    for var in ("DISTRINEWS_PROFILE", "DISTRINEWS_DATA_DIR", "DISTRINEWS_OVERRIDES"):
+    for var in ("DISTRINEWS_PROFILE", "DISTRINEWS_DATA_DIR", "DISTRINEWS_MODEL_NAME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
     monkeypatch.setenv("DISTRINEWS_KAGGLE_INPUT", str(empty))

@@ -218,8 +218,10 @@ def main(argv=None):
         notebooks = [n for n in notebooks if n.name[:2] in a.only]
     if not notebooks:
         p.error(f"no notebook matches {a.only}")
-    for var in ("DISTRINEWS_OVERRIDES", "DISTRINEWS_PROFILE"):  # the outputs must show the profile itself
-        os.environ.pop(var, None)
+    from distrinews.model import env_overrides
+
+    for field in [*env_overrides(), "profile"]:  # the outputs must show the profile itself
+        os.environ.pop(f"DISTRINEWS_{field.upper()}", None)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # tqdm.auto (imported by datasets and transformers) warns in every kernel without ipywidgets; its progress bars
     # work as text anyway, and text is what a committed notebook can show (widgets render as nothing on GitHub)

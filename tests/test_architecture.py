@@ -1,0 +1,138 @@
+"""The package's shape: three layers that import one way, no import cycle, a server image that loads no training code,
+and the main-path notebooks within their budget of exported lines (CONTRIBUTING.md says where new code goes)."""
+
+import ast
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "distrinews"
+SCRIPTS = {"scripts.train_single": ROOT / "nbs" / "train_single.py", "scripts.train_ddp": ROOT / "nbs" / "train_ddp.py"}
+
+# Each module's layer. A module imports its own layer or lower ones, never a higher one.
+CORE, PROGRAMS, RUNNERS = 0, 1, 2
+LAYERS = {
+    **dict.fromkeys(
+        ["model", "kaggle", "data", "train", "ddp", "inference", "demos.concepts", "demos.debugging", "going_further"],
+        CORE,
+    ),
+    **dict.fromkeys(["scripts.train_single", "scripts.train_ddp", "serve"], PROGRAMS),
+    **dict.fromkeys(["scale", "benchmarks"], RUNNERS),
+}
+TRAINING_MODULES = {"data", "train", "ddp", "scripts.train_single", "scripts.train_ddp", "scale", "benchmarks"}
+
+# The budget of each main-path notebook: exported lines (code, not directives). Notebooks still over it have a ceiling
+# that may only go down, until it reaches the budget and the entry goes.
+MAIN_PATH_BUDGET = 250
+MAIN_PATH = ["00_concepts", "03_single_gpu", "04_ddp", "05_inference", "06_deploy"]
+OVER_BUDGET_CEILING = {"00_concepts": 317, "03_single_gpu": 657, "05_inference": 682, "06_deploy": 740}
+
+
+def package_modules() -> dict[str, Path]:
+    "Every module of the package (the generated index aside), dotted below `distrinews`, and the two scripts."
+    found = {
+        ".".join(p.relative_to(PACKAGE).with_suffix("").parts): p
+        for p in PACKAGE.rglob("*.py")
+        if p.name not in ("__init__.py", "_modidx.py")
+    }
+    return found | SCRIPTS
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    "The package modules that `path` imports, anywhere in it (inside functions too), relative imports resolved."
+    package = name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from .x import y / from ..x import y
+                base = ".".join(["distrinews", *package[: len(package) - node.level + 1], base]).rstrip(".")
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {t.removeprefix("distrinews.") for t in targets if t.startswith("distrinews.")}
+    return found & set(package_modules())
+
+
+GRAPH = {name: imports_of(name, path) for name, path in package_modules().items()}
+
+
+def test_every_module_has_a_layer():
+    assert set(GRAPH) == set(LAYERS), "give each new module its layer in LAYERS (see CONTRIBUTING.md)"
+
+
+@pytest.mark.parametrize("module", sorted(LAYERS))
+def test_imports_point_down(module):
+    upward = {other for other in GRAPH[module] if LAYERS[other] > LAYERS[module]}
+    assert not upward, f"{module} (layer {LAYERS[module]}) imports {sorted(upward)} from a layer above"
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    "One import cycle of `graph` as a list of modules, or None."
+    state = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, nxt])):
+                return cycle
+        state[node] = "done"
+        return None
+
+    return next((c for n in sorted(graph) if n not in state and (c := visit(n, [n]))), None)
+
+
+def test_no_import_cycle():
+    assert find_cycle(GRAPH) is None, f"import cycle: {' -> '.join(find_cycle(GRAPH))}"
+
+
+def test_the_checks_can_fail():
+    "The cycle finder and the import reader see what they must (else the tests above would pass on anything)."
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert "model" in GRAPH["data"] and "kaggle" in GRAPH["model"]  # a top-level and a relative import
+
+
+@pytest.mark.slow
+def test_the_server_loads_no_training_code():
+    "What the Docker image runs (`python -m distrinews.serve`) imports neither the training modules nor `datasets`."
+    code = "import sys, distrinews.serve; print(*(m for m in sys.modules if m.startswith(('distrinews', 'datasets'))))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    names = {m.removeprefix("distrinews.") for m in loaded.stdout.split()}
+    assert "serve" in names and "inference" in names
+    assert not names & (TRAINING_MODULES | {"datasets"}), sorted(names & (TRAINING_MODULES | {"datasets"}))
+
+
+def exported_cells(notebook: Path) -> list[int]:
+    "The number of code lines (directives aside) of each `#| export` cell of `notebook`."
+    sizes = []
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and re.match(r"#\|\s*export\b", source):
+            sizes.append(sum(1 for line in source.splitlines() if not line.startswith("#|")))
+    return sizes
+
+
+@pytest.mark.parametrize("name", MAIN_PATH)
+def test_main_path_notebooks_keep_to_their_budget(name):
+    lines = sum(exported_cells(ROOT / "nbs" / f"{name}.ipynb"))
+    ceiling = OVER_BUDGET_CEILING.get(name, MAIN_PATH_BUDGET)
+    assert lines <= ceiling, f"{name} exports {lines} lines; its budget is {ceiling} (move machinery out of the lesson)"
+    if name in OVER_BUDGET_CEILING:
+        assert lines > MAIN_PATH_BUDGET, f"{name} is within {MAIN_PATH_BUDGET} lines now: drop its ceiling"
+
+
+def test_course_export_cells_stay_small():
+    "Median and longest export cell over all notebooks: the targets are <= 15 and <= 60 lines; these ceilings go down."
+    sizes = [n for nb in sorted((ROOT / "nbs").glob("[0-9][0-9]_*.ipynb")) for n in exported_cells(nb)]
+    assert statistics.median(sizes) <= 37 and max(sizes) <= 238, (statistics.median(sizes), max(sizes))
