@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import html
+import io
 import math
 import os
 import re
@@ -50,38 +51,46 @@ def read_agnews_csv(path: str | os.PathLike) -> tuple[list[str], list[int]]:
     "Texts and 0-based labels from one AG News CSV (original layout, or Kaggle's with a header), checked row by row."
     path = Path(path)
     texts, labels, dropped = [], [], 0
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        try:
-            for row in reader:
-                where = f"{path}:{reader.line_num}"
-                if reader.line_num == 1 and ",".join(row) == KAGGLE_HEADER:
-                    continue  # the Kaggle dataset's header
-                if len(row) != 3:
-                    raise DataFolderError(
-                        f"{where}: expected 3 columns (class index 1-4, title, description), got {len(row)}: "
-                        f"{row[:4]!r}. Is this an AG News CSV (quoted fields; no header, or {KAGGLE_HEADER!r})?"
-                    )
-                try:
-                    label = int(row[0])
-                except ValueError:
-                    label = None
-                if label not in (1, 2, 3, 4):
-                    raise DataFolderError(
-                        f"{where}: class index {row[0]!r} is not one of 1, 2, 3, 4 "
-                        f"({', '.join(f'{i + 1}={n}' for i, n in enumerate(LABELS))}). Fix or remove that row."
-                    )
-                title, description = clean_text(row[1]), clean_text(row[2])
-                if not title and not description:
-                    dropped += 1
-                    continue
-                texts.append(f"{title} {description}".strip())
-                labels.append(label - 1)
-        except UnicodeDecodeError as e:
-            raise DataFolderError(
-                f"{path}: not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} after line {reader.line_num}). "
-                "The AG News CSVs are UTF-8: convert the file (e.g. `iconv -f latin1 -t utf-8`) or download it again."
-            ) from None
+    data = path.read_bytes()  # decoded at once: a bad byte's line is then known (a stream decodes ahead of the reader)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataFolderError(
+            f"{path}: not UTF-8 text (byte {data[e.start : e.start + 1]!r} on line {line}). "
+            "The AG News CSVs are UTF-8: convert the file (e.g. `iconv -f latin1 -t utf-8`) or download it again."
+        ) from None
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)  # strict: a quoted field cut off by the end fails
+    try:
+        for row in reader:
+            where = f"{path}:{reader.line_num}"
+            if reader.line_num == 1 and ",".join(row) == KAGGLE_HEADER:
+                continue  # the Kaggle dataset's header
+            if len(row) != 3:
+                raise DataFolderError(
+                    f"{where}: expected 3 columns (class index 1-4, title, description), got {len(row)}: "
+                    f"{row[:4]!r}. Is this an AG News CSV (quoted fields; no header, or {KAGGLE_HEADER!r})?"
+                )
+            try:
+                label = int(row[0])
+            except ValueError:
+                label = None
+            if label not in (1, 2, 3, 4):
+                raise DataFolderError(
+                    f"{where}: class index {row[0]!r} is not one of 1, 2, 3, 4 "
+                    f"({', '.join(f'{i + 1}={n}' for i, n in enumerate(LABELS))}). Fix or remove that row."
+                )
+            title, description = clean_text(row[1]), clean_text(row[2])
+            if not title and not description:
+                dropped += 1
+                continue
+            texts.append(f"{title} {description}".strip())
+            labels.append(label - 1)
+    except csv.Error as e:  # the end of the file inside a quoted field ("unexpected end of data"), or stray quotes
+        raise DataFolderError(
+            f"{path}:{reader.line_num}: {e}: the file is cut off (a quoted field never ends) or that line's quotes are "
+            "broken. Download the file again, or fix that line."
+        ) from None
     if dropped:
         warnings.warn(f"{path}: dropped {dropped} row(s) whose title and description are both empty.", stacklevel=2)
     if not texts:

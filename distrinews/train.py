@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch.nn.utils import clip_grad_norm_
 
 from .data import data_source
@@ -243,11 +244,11 @@ def describe_write_error(file: Path, error: BaseException) -> str:
     "A one-line account of why writing `file` failed, naming the cause (disk full, not writable) when it is known."
     folder = next((p for p in Path(file).parents if p.exists()), Path("."))
     free = shutil.disk_usage(folder).free
-    # torch.save reports a full disk as "enforce fail at inline_container.cc ... unexpected pos": ask the disk itself
-    if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error) or free < 16 * 2**20:
-        cause = f"the disk is full ({free / 2**20:.0f} MiB free on the device of {folder}): free some space"
-    elif getattr(error, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if getattr(error, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):  # first: a small one may be read-only
         cause = f"{folder} is not writable ({error.strerror}): choose another --output-dir"
+    # torch.save reports a full disk as "enforce fail at inline_container.cc ... unexpected pos": ask the disk itself
+    elif getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error) or free < 16 * 2**20:
+        cause = f"the disk is full ({free / 2**20:.0f} MiB free on the device of {folder}): free some space"
     else:
         cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     return f"Could not write {file}: {cause}."
@@ -267,7 +268,7 @@ def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None =
         for name, write in steps:
             try:
                 write()
-            except (OSError, RuntimeError) as e:
+            except (OSError, RuntimeError, SafetensorError) as e:  # safetensors' error (a full disk) is neither
                 raise CheckpointWriteError(describe_write_error(Path(path) / name, e)) from e
     return Path(path)
 
@@ -416,6 +417,8 @@ def check_writable(folder: str | os.PathLike):
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as e:
+        with contextlib.suppress(OSError):
+            probe.unlink()  # created before a full disk refused its bytes
         raise CheckpointWriteError(describe_write_error(probe, e)) from e
 
 # %% ../nbs/03_single_gpu.ipynb #acae54e37e7d407bbb7b55eff062a284
@@ -576,19 +579,20 @@ def resume_from(
     run.train_log = [tuple(x) for x in run.train_log]
     rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
     saved_world = state.get("world_size", len(rngs))
-    if saved_world != world_size:
-        # the same rows cut into other shards, and random streams that no longer map rank to rank: the run goes on
-        # from the same place in the data (rows done are not repeated), but not bit for bit as either job would have
-        run.batches_done = run.batches_done * saved_world // world_size
-        log(
-            f"note: the checkpoint was written by {saved_world} process(es) and this job has {world_size}: resuming "
-            "continues correctly, but not bit for bit (each rank's data shard and dropout stream differ)."
+    if saved_world != world_size and run.epoch < cfg.epochs:  # each world size deals an epoch's rows in its own order
+        raise CheckpointError(
+            f"{checkpoint} was written by {saved_world} process(es) and this job has {world_size}: resuming would "
+            f"train some rows twice and others never. Resume with {saved_world} (torchrun --nproc_per_node="
+            f"{saved_world}), or start over with --fresh."
         )
     if ema is not None:  # the model was built from the folder, i.e. the average; the live weights are here
         model.load_state_dict(state["live_weights"])
         ema.n_averaged.fill_(state["averaged_steps"])
     set_rng_state(rngs[rank] if len(rngs) == world_size else rngs[0])
-    log(f"resumed from {checkpoint}: epoch {run.epoch + 1}, step {run.step}")
+    if run.epoch < cfg.epochs:
+        log(f"resumed from {checkpoint}: epoch {run.epoch + 1}, step {run.step}")
+    elif rank == 0:  # finished: a kill after the last save may have lost the report, which the checkpoint holds
+        log(f"resumed from {checkpoint}: the run had finished (step {run.step})\n{write_metrics(cfg, run)}")
     return run
 
 
@@ -666,7 +670,7 @@ def clear_errors(prog: str):
         yield
     except (ValueError, RuntimeError, FileNotFoundError) as e:  # CheckpointError and DataFolderError are ValueErrors
         message = str(e)
-        if "env://" in message or "environment variable" in message:  # started without torchrun
+        if "env://" in message:  # started without torchrun
             message += f". Start {prog} with torchrun: torchrun --standalone --nproc_per_node=2 {prog} ..."
         sys.exit(f"{prog}: error: {message}")
 
