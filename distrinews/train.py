@@ -8,9 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import errno
-import hashlib
-import json
 import os
 import random
 import re
@@ -20,9 +17,18 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from torch.nn.utils import clip_grad_norm_
 
+from distrinews.checkpoint import (
+    CheckpointError,
+    check_resumable,
+    check_writable,
+    clean_checkpoint_leftovers,
+    find_checkpoint,
+    load_training_state,
+    verify_checkpoint,
+    write_json_atomic,
+)
 from .data import data_source
 from distrinews.model import (
     AUTOCAST_DTYPES,
@@ -38,15 +44,11 @@ from distrinews.model import (
 )
 
 # %% auto #0
-__all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'training_attention',
-           'use_training_attention', 'seed_everything', 'rng_state', 'set_rng_state', 'atomic_directory',
-           'write_json_atomic', 'CheckpointError', 'file_sha256', 'write_manifest', 'verify_checkpoint',
-           'find_checkpoint', 'clean_checkpoint_leftovers', 'no_weights_progress_bar', 'CheckpointWriteError',
-           'describe_write_error', 'save_checkpoint', 'load_training_state', 'check_resumable', 'layer_depth',
+__all__ = ['training_attention', 'use_training_attention', 'seed_everything', 'rng_state', 'set_rng_state', 'layer_depth',
            'make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'make_weight_average', 'NonFiniteError',
-           'check_finite_weights', 'check_writable', 'RunState', 'checkpoint_dir', 'restarted', 'prepare_run',
-           'load_model', 'autocast', 'optimizer_step', 'check_finite_loss', 'evaluate_counts', 'metrics_from_counts',
-           'epoch_metrics', 'training_state', 'resume_from', 'write_metrics', 'simulate_failure', 'per_rank_batch_size',
+           'check_finite_weights', 'RunState', 'checkpoint_dir', 'restarted', 'prepare_run', 'load_model', 'autocast',
+           'optimizer_step', 'check_finite_loss', 'evaluate_counts', 'metrics_from_counts', 'epoch_metrics',
+           'training_state', 'resume_from', 'write_metrics', 'simulate_failure', 'per_rank_batch_size',
            'training_parser', 'check_config', 'clear_errors', 'plot_history']
 
 # %% ../nbs/03_single_gpu.ipynb #a7e1c0d2
@@ -83,257 +85,6 @@ def set_rng_state(state: dict):
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-# %% ../nbs/03_single_gpu.ipynb #d19b3a5e
-def _fsync(path: Path):
-    "Flush `path` (a file or a folder's entries) from the page cache to the disk."
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_directory(target: str | os.PathLike):
-    "Yield a temporary folder; on success it replaces `target` in one rename (the old one is kept until then)."
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for stale in target.parent.glob(f".{target.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # left by a killed writer
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    # on disk before the rename: after a power cut the new name must never point at files still only in memory
-    for f in tmp.rglob("*"):
-        if f.is_file():
-            _fsync(f)
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)  # a crash between the two renames leaves `old`, which `find_checkpoint` falls back to
-    _fsync(target.parent)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def write_json_atomic(path: str | os.PathLike, obj):
-    "Write `obj` as JSON to `path` via a temporary file and a rename."
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(obj, indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-# %% ../nbs/03_single_gpu.ipynb #47d6310b
-STATE_FILE, CONFIG_FILE, MANIFEST_FILE = "training_state.pt", "run_config.json", "manifest.json"
-
-
-class CheckpointError(ValueError):
-    "A folder that is not a (resumable) DistriNews checkpoint, or one that does not match the run."
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    "The SHA-256 of a file's bytes, as hex."
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def write_manifest(folder: str | os.PathLike) -> dict:
-    """Write `manifest.json` into `folder`: `{"files": {name: sha256}}` for every other file in it. Written last, it is
-    the checkpoint's seal: a folder without it was never finished."""
-    folder = Path(folder)
-    files = {
-        f.relative_to(folder).as_posix(): file_sha256(f)
-        for f in sorted(folder.rglob("*"))
-        if f.is_file() and f.name != MANIFEST_FILE
-    }
-    (folder / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1))
-    return files
-
-
-def verify_checkpoint(path: str | os.PathLike) -> dict:
-    """Check a checkpoint folder against its `manifest.json`: every file listed is there with the bytes it was written
-    with. Returns `{name: sha256}`; raises `CheckpointError` naming the first file that is missing or changed."""
-    path = Path(path)
-    manifest = path / MANIFEST_FILE
-    if not manifest.is_file():
-        raise CheckpointError(
-            f"{path} has no {MANIFEST_FILE} (it is written last, so the save that made this folder did not finish, or "
-            "an older version wrote it): it cannot be trusted. Start over with --fresh, or another --output-dir."
-        )
-    try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{manifest} is damaged ({type(e).__name__}: {e}).") from e
-    for name, expected in files.items():
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path / name} is missing: the checkpoint is incomplete (its manifest lists it).")
-        if file_sha256(path / name) != expected:
-            raise CheckpointError(
-                f"{path / name} is corrupted: its SHA-256 differs from the one in {MANIFEST_FILE}, so its bytes "
-                "changed after it was written (a damaged disk, a partial copy, an edit). Restore it, or start over "
-                "with --fresh."
-            )
-    return files
-
-
-def _complete(folder: Path) -> bool:
-    try:
-        verify_checkpoint(folder)
-        return True
-    except CheckpointError:
-        return False
-
-
-def find_checkpoint(path: str | os.PathLike) -> Path | None:
-    """The checkpoint folder at `path`, or, if a crash between a save's two renames lost it, the newest *complete* copy
-    left beside it (`.checkpoint.old-<pid>`, checked against its manifest); None if there is none."""
-    path = Path(path)
-    if path.exists():
-        return path
-    leftovers = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return next((p for p in leftovers if _complete(p)), None)
-
-
-def clean_checkpoint_leftovers(path: str | os.PathLike, log=print) -> list[Path]:
-    """Remove what interrupted saves left beside checkpoint `path`: half-written `.tmp-*` folders and `.old-*` copies.
-    If `path` itself is gone, the newest complete `.old-*` copy is first renamed back into place. Run it when no
-    process is writing (at the start of a run); returns the folders removed."""
-    path = Path(path)
-    if not path.exists() and (keep := find_checkpoint(path)) is not None:
-        os.replace(keep, path)
-        log(f"restored {path} from {keep.name}, the copy an interrupted save left")
-    removed = sorted(path.parent.glob(f".{path.name}.tmp-*")) + sorted(path.parent.glob(f".{path.name}.old-*"))
-    for stale in removed:
-        size = sum(f.stat().st_size for f in stale.rglob("*") if f.is_file()) / 1e6
-        shutil.rmtree(stale, ignore_errors=True)
-        log(f"removed {stale.name} ({size:.0f} MB), left by an interrupted save")
-    return removed
-
-
-@contextlib.contextmanager
-def no_weights_progress_bar():
-    "Hide the progress bar transformers draws for every `save_pretrained`: a training log shows one line per epoch."
-    from transformers.utils import logging as hf_logging
-
-    if not hf_logging.is_progress_bar_enabled():
-        yield
-        return
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.enable_progress_bar()
-
-
-class CheckpointWriteError(RuntimeError):
-    "A checkpoint could not be written (disk full, no permission): the message names the file and the cause."
-
-
-def describe_write_error(file: Path, error: BaseException) -> str:
-    "A one-line account of why writing `file` failed, naming the cause (disk full, not writable) when it is known."
-    folder = next((p for p in Path(file).parents if p.exists()), Path("."))
-    free = shutil.disk_usage(folder).free
-    if getattr(error, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):  # first: a small one may be read-only
-        cause = f"{folder} is not writable ({error.strerror}): choose another --output-dir"
-    # torch.save reports a full disk as "enforce fail at inline_container.cc ... unexpected pos": ask the disk itself
-    elif getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error) or free < 16 * 2**20:
-        cause = f"the disk is full ({free / 2**20:.0f} MiB free on the device of {folder}): free some space"
-    else:
-        cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    return f"Could not write {file}: {cause}."
-
-
-def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None):
-    """Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically, sealed by a
-    `manifest.json` of every file's SHA-256, written last."""
-    with atomic_directory(path) as tmp, no_weights_progress_bar():
-        steps = [
-            ("model.safetensors", lambda: model.save_pretrained(tmp)),
-            ("tokenizer files", lambda: tokenizer.save_pretrained(tmp)),
-            (CONFIG_FILE, lambda: (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))),
-            *([(STATE_FILE, lambda: torch.save(state, tmp / STATE_FILE))] if state is not None else []),
-            (MANIFEST_FILE, lambda: write_manifest(tmp)),
-        ]
-        for name, write in steps:
-            try:
-                write()
-            except (OSError, RuntimeError, SafetensorError) as e:  # safetensors' error (a full disk) is neither
-                raise CheckpointWriteError(describe_write_error(Path(path) / name, e)) from e
-    return Path(path)
-
-
-# what a training state holds; a file without one of these was not written by this trainer
-STATE_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "batches_done", "step", "rng")
-
-
-def load_training_state(path, map_location: str | torch.device = "cpu") -> tuple[dict, dict]:
-    """The training state and run config saved in checkpoint folder `path` (safe: `weights_only=True`). Tensors load
-    onto `map_location`: the CPU by default, whichever device wrote them (a GPU rank must not load rank 0's tensors
-    onto GPU 0); `load_state_dict` then moves the optimizer's state next to this rank's parameters."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"Checkpoint {path} does not exist or is not a folder.")
-    missing = [f for f in ("config.json", STATE_FILE, CONFIG_FILE) if not (path / f).exists()]
-    if missing:
-        raise CheckpointError(
-            f"{path} is not a resumable DistriNews checkpoint: missing {', '.join(missing)}. Point "
-            "--output-dir at a run folder written by distrinews-train, or start fresh with --fresh."
-        )
-    try:
-        state = torch.load(path / STATE_FILE, weights_only=True, map_location=map_location)
-    except Exception as e:  # a truncated or foreign file: pickle, zip and EOF errors of every kind
-        raise CheckpointError(
-            f"{path / STATE_FILE} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]}): it is damaged "
-            "or was not written by distrinews-train. Start over with --fresh."
-        ) from e
-    absent = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
-    if absent:
-        raise CheckpointError(f"{path / STATE_FILE} is not a DistriNews training state: it has no {', '.join(absent)}.")
-    try:
-        saved_cfg = json.loads((path / CONFIG_FILE).read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path / CONFIG_FILE} is not valid JSON ({e}): the file is damaged.") from e
-    return state, saved_cfg
-
-
-# fields that may change between a run and its resumption; everything else must match
-RESUMABLE_CHANGES = {
-    "profile",
-    "output_dir",
-    "save_every",
-    "eval_batch_size",
-    "num_threads",
-    "data_dir",
-    "test_size",
-    "comm_hook",
-}
-
-
-def check_resumable(saved: dict, cfg: RunConfig):
-    "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path."
-    then = dataclasses.asdict(RunConfig())  # a field newer than the checkpoint had its default when it was written
-    diff = {
-        k: (saved.get(k, then[k]), v)
-        for k, v in dataclasses.asdict(cfg).items()
-        if k not in RESUMABLE_CHANGES and saved.get(k, then[k]) != v
-    }
-    if diff:
-        raise CheckpointError(
-            "The checkpoint was written by a different run configuration: "
-            + "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-            + ". Resume with the same settings, or start over with --fresh (or another --output-dir)."
-        )
 
 # %% ../nbs/03_single_gpu.ipynb #df4fd1c9
 def layer_depth(name: str, num_layers: int) -> int:
@@ -406,20 +157,6 @@ def check_finite_weights(model, step: int):
             f"{len(bad)} weight tensor(s) hold NaN or infinity at step {step} (the first: {bad[0]}): the run diverged. "
             "Nothing was saved, the last checkpoint is untouched; lower the learning rate and start over with --fresh."
         )
-
-
-def check_writable(folder: str | os.PathLike):
-    "Raise `CheckpointWriteError` if files cannot be created in `folder` (created if missing)."
-    folder = Path(folder)
-    probe = folder / f".write-test-{os.getpid()}"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            probe.unlink()  # created before a full disk refused its bytes
-        raise CheckpointWriteError(describe_write_error(probe, e)) from e
 
 # %% ../nbs/03_single_gpu.ipynb #acae54e37e7d407bbb7b55eff062a284
 @dataclasses.dataclass

@@ -21,8 +21,9 @@ from distrinews.train import (
     autocast, check_config, check_finite_loss, check_finite_weights, checkpoint_dir, clear_errors, config_from_args,
     epoch_metrics, evaluate_counts, load_model, make_grad_scaler, make_optimizer, make_scheduler, make_weight_average,
     metrics_from_counts, optimizer_step, per_rank_batch_size, pick_device, pick_precision, prepare_run, resume_from,
-    rng_state, save_checkpoint, simulate_failure, training_parser, training_state, write_metrics,
+    rng_state, simulate_failure, training_parser, training_state, write_metrics,
 )  # fmt: skip
+from distrinews.checkpoint import save_checkpoint
 
 
 def make_loaders(cfg, tokenizer, device, precision, rank, world_size):

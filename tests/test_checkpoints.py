@@ -16,8 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from distrinews.checkpoint import MANIFEST_FILE, verify_checkpoint
 from distrinews.scripts import train_single  # nbs/train_single.py, the program notebook 03 writes
-from distrinews.train import MANIFEST_FILE, clear_errors, verify_checkpoint
+from distrinews.train import clear_errors
 
 TINY = ["--profile", "smoke", "--data-source", "local", "--train-size", "32", "--test-size", "16"]
 TINY += ["--batch-size", "16", "--eval-batch-size", "16", "--max-length", "32", "--precision", "fp32"]

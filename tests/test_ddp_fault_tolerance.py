@@ -60,7 +60,7 @@ def test_killed_workers_resume_exactly(tmp_path):
     w_fault, w_straight = saved_weights(out), saved_weights(straight)
     different = [k for k in w_straight if not torch.equal(w_fault[k], w_straight[k])]
     assert not different, f"the resumed run differs from the uninterrupted one in {len(different)} tensors"
-    from distrinews.train import load_training_state
+    from distrinews.checkpoint import load_training_state
 
     state, _ = load_training_state(out / "checkpoint")  # loads: not corrupt
     assert (state["epoch"], state["step"], len(state["rng"])) == (1, 6, 2)

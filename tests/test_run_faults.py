@@ -19,8 +19,9 @@ import subprocess
 import pytest
 from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, load_script
 
+from distrinews.checkpoint import CheckpointWriteError, check_writable
 from distrinews.data import DataFolderError, read_agnews_csv
-from distrinews.train import CheckpointWriteError, check_writable, clear_errors
+from distrinews.train import clear_errors
 
 # 32 rows: 2 optimizer steps of 16; the script as this checkout's notebook 03 writes it
 TINY = ["--profile", "smoke", "--data-source", "local", "--train-size", "32", "--test-size", "16"]
