@@ -105,7 +105,14 @@ def probe_checkpoint(checkpoint, tmp_path_factory):
 # The longest files first. pytest-xdist (`--dist loadfile --no-loadscope-reorder`, as tests/run_tests.sh runs it) hands
 # the files to its workers in this order; by default it would start the files with the most tests first, which left the
 # two longest (one test each) for last, on one worker, while the other had nothing to do.
-LONGEST_FIRST = ("test_ddp_fault_tolerance.py", "test_ddp.py", "test_scale.py", "test_server_http.py", "test_docs.py")
+LONGEST_FIRST = (
+    "test_ddp_fault_tolerance.py",
+    "test_ddp.py",
+    "test_scale.py",
+    "test_slurm.py",
+    "test_server_http.py",
+    "test_docs.py",
+)
 
 
 def pytest_collection_modifyitems(items):

@@ -26,19 +26,24 @@ $BIN/ruff format --check .
 
 step "2/4 nbdev_test: every notebook once, profile=smoke"
 (cd nbs && ../$BIN/nbdev_test --n_workers 2 --timing)
-# the %%writefile cells of 04 write the training script and its launcher, 06 writes deployment/ and the demo page: the
-# committed copies must be exactly what the notebooks write
-git diff --exit-code --stat -- nbs/*.py nbs/*.sh deployment distrinews/static || {
+# the %%writefile cells of 04 write the training script and its launchers (run_ddp.sh, train_ddp.sbatch), 06 writes
+# deployment/ and the demo page: the committed copies must be exactly what the notebooks write
+git diff --exit-code --stat -- nbs/*.py nbs/*.sh nbs/*.sbatch deployment distrinews/static || {
   echo "a file a notebook writes differs from the committed one: edit the notebook and commit what it writes."; exit 1; }
 
 step "3/4 the Kaggle rehearsal: every notebook once more, alone in an empty Kaggle-like session"
 KAGGLE_REHEARSAL_PARALLEL=1 bash tests/kaggle_rehearsal.sh  # two notebooks at a time
 
 step "4/4 pytest: the library, the scripts, the server, the deployment (2 workers; slowest tests listed at the end)"
-# the demo-page test drives Debian's chromium headless (never `playwright install`: it downloads a browser)
-if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >/dev/null \
-    || echo "could not install chromium: the browser test will be skipped"
+# Debian's packages some tests need: the demo-page test drives chromium headless (never `playwright install`: it
+# downloads a browser), the Space push test needs git-lfs, the Slurm test slurm-wlm and munge
+need=()
+command -v chromium >/dev/null || need+=(chromium)
+git lfs version >/dev/null 2>&1 || need+=(git-lfs)
+[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ] || need+=(slurm-wlm munge)
+if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") \
+    >/dev/null || echo "could not install ${need[*]}: the tests that need them will be skipped"
 fi
 # --dist loadfile: each file's tests on one worker, so a module-scoped fixture (a server, a docs site, a venv, the 2-rank
 # run test_ddp.py compares against) is built once. (`--dist loadgroup` with xdist_group marks would do it per group,

@@ -194,6 +194,7 @@ def test_staged_space_is_a_complete_build_context(tmp_path, checkpoint):
     (ckpt / "training_state.pt").write_bytes(b"optimizer state")
     space = stage_space(ckpt, tmp_path / "space")
     assert sorted(p.name for p in space.iterdir()) == [
+        ".gitattributes",  # weights through Git LFS (tests/test_space_push.py)
         "Dockerfile",
         "README.md",
         "distrinews",

@@ -1,0 +1,139 @@
+"""Notebook 04's `train_ddp.sbatch` on a real Slurm cluster: one node on 127.0.0.1, started here and stopped afterwards.
+
+The job (one `srun` task running torchrun, 2 CPU workers) writes the checkpoint that a `torchrun --standalone` run of
+the same settings writes, tensor for tensor; a job whose training fails is a failed job (`sbatch --wait` exits
+non-zero).
+
+The cluster is Debian's `munge` and `slurm-wlm` (tests/run_tests.sh installs them with apt-get where it runs as root),
+with no systemd and no cgroups: munged runs as the munge user, then `slurmctld -i` and `slurmd` read a one-node
+slurm.conf of this test's own (`SLURM_CONF`): state, spool, logs and ports of its own. On the shared 2-core host it was
+written on, the node was idle 0.1 s after slurmctld started.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, run_job, saved_weights
+from test_ddp import TINY, encoder  # noqa: F401   (encoder: the tiny BERT fixture both runs train)
+
+from distrinews.ddp import free_port
+
+pytestmark = pytest.mark.slow  # daemons and torchrun jobs
+SBATCH = ROOT / "nbs" / "train_ddp.sbatch"
+SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"])
+MUNGE_PID = Path("/run/munge/munged.pid")
+CONF = """\
+ClusterName=distrinews-test
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+SlurmUser=root
+AuthType=auth/munge
+MailProg=/bin/true
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+ReturnToService=2
+# a finished job leaves the controller after 2 s (the least it takes), so that `sbatch --wait` returns promptly
+MinJobAge=2
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _stop(pid_file: Path):
+    "SIGTERM to the daemon whose pid `pid_file` holds, and wait (up to 10 s) until it is gone."
+    if not pid_file.is_file():
+        return
+    pid = int(pid_file.read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text():
+            return
+        time.sleep(0.1)
+
+
+def _munge_works(env) -> bool:
+    "Does a running munged sign and check a credential?"
+    cred = subprocess.run(["munge", "-n"], env=env, capture_output=True)
+    return cred.returncode == 0 and subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    "A one-node Slurm cluster on 127.0.0.1; yields the environment (SLURM_CONF) to submit with. Stops what it started."
+    missing = [c for c in ("munged", "slurmctld", "slurmd", "sbatch", "sinfo") if not shutil.which(c, path=SBIN)]
+    if missing:
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurm-wlm munge")
+    if os.geteuid() != 0:
+        pytest.skip("slurmd must run as root to start jobs: run this test as root")
+    folder = tmp_path_factory.mktemp("slurm")
+    (folder / "state").mkdir(), (folder / "spool").mkdir()
+    host = socket.gethostname().split(".")[0]  # slurmd finds its node by this name, and the job's rendezvous uses it
+    conf = CONF.format(host=host, ctld_port=free_port(), d_port=free_port(), dir=folder, cpus=os.cpu_count())
+    (folder / "slurm.conf").write_text(conf)
+    env = dict(JOB_ENV, PATH=f"{Path(sys.executable).parent}{os.pathsep}{SBIN}", SLURM_CONF=str(folder / "slurm.conf"))
+    started, t0 = [], time.monotonic()
+    try:
+        if not _munge_works(env):  # a munged already running (another test session's) serves us too
+            subprocess.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"], check=True)
+            subprocess.run(["runuser", "-u", "munge", "--", shutil.which("munged", path=SBIN)], check=True, env=env)
+            started.append(MUNGE_PID)
+        for daemon, args in (("slurmctld", ["-i"]), ("slurmd", [])):
+            subprocess.run([shutil.which(daemon, path=SBIN), *args], check=True, env=env)
+            started.append(folder / f"{daemon}.pid")
+        for _ in range(300):
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=10)
+            if state.stdout.strip() == "idle":
+                break
+            time.sleep(0.1)
+        else:
+            logs = "\n".join((folder / f"{d}.log").read_text()[-1500:] for d in ("slurmctld", "slurmd"))
+            pytest.fail(f"the Slurm node never became idle ({state.stdout.strip()!r}):\n{logs}")
+        print(f"Slurm cluster up in {time.monotonic() - t0:.1f} s")
+        yield env
+    finally:
+        for pid_file in reversed(started):
+            _stop(pid_file)
+
+
+def sbatch(env, out_file, *args, timeout=300) -> subprocess.CompletedProcess:
+    "Submit 04's train_ddp.sbatch on one node for 2 CPU workers and wait for the job to end (`sbatch --wait`)."
+    env = dict(env, NPROC_PER_NODE="2", RDZV_PORT=str(free_port()))
+    cmd = ["sbatch", "--wait", "--nodes", "1", "--output", str(out_file), str(SBATCH), *map(str, args)]
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_sbatch_job_equals_torchrun(slurm, encoder, tmp_path):  # noqa: F811   (encoder: the imported fixture)
+    tiny = [*TINY, "--model-name", encoder, "--batch-size", "8"]
+    job = sbatch(slurm, tmp_path / "job.out", *tiny, "--output-dir", tmp_path / "slurm")
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert job.returncode == 0, f"{job.stdout}{job.stderr}\n{log[-3000:]}"
+    assert "2 process(es) x batch 8" in log and "replicas in sync after training: True" in log, log[-3000:]
+    run_job([*TORCHRUN, "--standalone", "--nproc_per_node=2", TRAIN_DDP, *tiny, "--output-dir", tmp_path / "torchrun"])
+    w_slurm, w_torchrun = saved_weights(tmp_path / "slurm"), saved_weights(tmp_path / "torchrun")
+    assert w_slurm.keys() == w_torchrun.keys() and w_slurm
+    assert [k for k in w_slurm if not torch.equal(w_slurm[k], w_torchrun[k])] == []
+    # a job whose training fails is a failed job: sbatch --wait exits non-zero, and the job's output says why
+    bad = sbatch(slurm, tmp_path / "bad.out", *tiny, "--profile", "no-such-profile", "--output-dir", tmp_path / "bad")
+    assert bad.returncode != 0, bad.stdout
+    assert "Unknown profile 'no-such-profile'" in (tmp_path / "bad.out").read_text()
