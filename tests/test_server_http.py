@@ -347,7 +347,7 @@ async def _slow_clients(url: str, n: int, stop: threading.Event, closed: collect
 def test_slow_clients_that_reconnect_leave_room_for_real_requests(server):
     """Issue 35, fault 5: 128 slow clients (twice the 64 connections that used to be all the server took), each closed
     (408) after HEADER_TIMEOUT and connecting again at once, for 8 s; meanwhile a normal client posts one text after
-    the other, each on a new connection. Its requests are answered (at least 95 % with 200, p99 within 3 s on a busy
+    the other, each on a new connection. Its requests are answered (at least 95 % with 200, p99 within 5 s on a busy
     2-core machine), the slow clients are closed over and over, and the server's memory stays bounded."""
     stop, closed, n = threading.Event(), collections.Counter(), 128
     before = _rss_mib(server.process.pid)
@@ -376,8 +376,8 @@ def test_slow_clients_that_reconnect_leave_room_for_real_requests(server):
         f"normal client {dict(statuses)}: {ok:.1%} answered 200, p50 {seconds[len(seconds) // 2] * 1000:.0f} ms, "
         f"p99 {p99 * 1000:.0f} ms; slow clients closed {dict(closed)}; RSS {before:.0f} -> {after:.0f} MiB"
     )
-    assert sum(statuses.values()) >= 10 and ok >= 0.95, statuses
-    assert p99 < 3, p99
+    assert sum(statuses.values()) >= 5 and ok >= 0.95, statuses  # before: 503 for all but 0-2 %
+    assert p99 < 5, p99  # (seconds; 0.25-0.5 s alone on 2 busy cores, 2.6 s beside other test runs)
     assert closed["408"] >= n, closed  # the slow clients were really there, closed and back again
     assert after - before < 64, (before, after)
 
