@@ -20,6 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,13 +31,12 @@ import torch
 from .data import load_agnews, load_splits
 from .inference import fit_head  # a trained-looking model in seconds (05)
 from .model import OFFLINE_ENCODER, build_classifier, config_from_args, load_tokenizer
-from .serve import http_json, server_process
 from .train import pick_device, pick_precision, training_parser
 
 # %% auto #0
 __all__ = ['COMMANDS', 'training_script', 'training_flags', 'run_script', 'reference_loop', 'trainer_vs_reference', 'ddp_scaling',
-           'load_texts', 'percentile', 'Connection', 'load_test', 'summarize', 'server_flags', 'benchmark',
-           'serving_benchmark']
+           'http_json', 'ServerProcess', 'server_process', 'load_texts', 'percentile', 'Connection', 'load_test',
+           'summarize', 'server_flags', 'benchmark', 'serving_benchmark']
 
 # %% ../nbs/07_benchmarks.ipynb #b7e3c1a1
 def training_script(name: str) -> Path:
@@ -304,6 +306,75 @@ def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
         )
     print(f"-> {a.out}")
     return result
+
+# %% ../nbs/07_benchmarks.ipynb #5094b2b7
+def http_json(url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict | None]:
+    "GET `url` (or POST `body` as JSON) with the standard library: the status code and the decoded JSON answer."
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+@dataclass
+class ServerProcess:
+    "A server started by `server_process`: its base `url`, its `process`, and `log()`: what it printed so far."
+
+    url: str
+    process: subprocess.Popen
+    logfile: object
+
+    def log(self) -> str:
+        self.logfile.flush()
+        self.logfile.seek(0)
+        return self.logfile.read()
+
+
+@contextlib.contextmanager
+def server_process(
+    *args: str,
+    python: str | os.PathLike = sys.executable,
+    env: dict | None = None,
+    cwd: str | os.PathLike | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    timeout: float = 180,
+):
+    """`python -m distrinews.serve ARGS` in a subprocess on a free port; yields a `ServerProcess` once `/health`
+    answers (200, or 503 from a server without a model), and stops it afterwards (SIGTERM, as a container platform
+    does). `env`: the whole environment (default: this process's); `python`: another interpreter (another checkout)."""
+    from distrinews.ddp import free_port
+
+    port = port or free_port(host)
+    logfile = tempfile.TemporaryFile(mode="w+")
+    cmd = [str(python), "-m", "distrinews.serve", "--host", host, "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    server = ServerProcess(f"http://{host}:{port}", proc, logfile)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:  # the model loads before the port opens
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with code {proc.returncode}:\n{server.log()[-4000:]}")
+            try:
+                if http_json(server.url + "/health", timeout=2)[0] in (200, 503):
+                    break
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from {server.url} in {timeout} s:\n{server.log()[-4000:]}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        logfile.close()
 
 # %% ../nbs/07_benchmarks.ipynb #26b126b6
 def _agnews(split: str):

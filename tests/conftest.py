@@ -1,6 +1,6 @@
 """What the test files share: the offline environment, a small demo checkpoint, a checkpoint whose head is fitted on AG
 News (so its labels mean something), and the real server (`python -m distrinews.serve`) in a subprocess, started by
-the package's own `distrinews.serve.server_process`."""
+the package's own `distrinews.benchmarks.server_process`."""
 
 import contextlib
 import importlib.util
@@ -15,7 +15,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest
 
-from distrinews.serve import http_json, server_process  # noqa: F401   (http_json: for the test files)
+from distrinews.benchmarks import http_json, server_process  # noqa: F401   (http_json: for the test files)
 
 ROOT = Path(__file__).resolve().parents[1]
 # the training scripts notebooks 03 and 04 write, and how the DDP tests launch them: torchrun, one thread per worker
@@ -57,7 +57,7 @@ def started_server(
     inherit_env: bool = True,
     **kwargs,
 ):
-    """`distrinews.serve.server_process` as the tests use it: serving `checkpoint`, with this repository's package
+    """`distrinews.benchmarks.server_process` as the tests use it: serving `checkpoint`, with this repository's package
     whether or not it is installed; yields the `ServerProcess` (its `url`, `process` and `log()`).
     `inherit_env=False`: only `env` (plus PATH), as in a container."""
     base = dict(os.environ) if inherit_env else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}

@@ -2,6 +2,7 @@
 choice, micro-batching, every route and every bad input through FastAPI's TestClient, a server without a model, a
 client that leaves, and shutdown. (The real server over HTTP: test_server_http.py; deployment: test_deployment.py.)"""
 
+import ast
 import asyncio
 import copy
 import json
@@ -31,7 +32,7 @@ from distrinews.inference import (
     weights_digest,
 )
 from distrinews.model import LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, build_classifier, load_tokenizer, predict
-from distrinews.serve import ServeSettings, SlowClientGuard, begin_shutdown, create_app, main
+from distrinews.serve import HeaderDeadline, ServeSettings, begin_shutdown, create_app, main
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -427,7 +428,8 @@ def test_health(client):
         "max_batch_size": 4,
         "max_body_bytes": 2048,
         "queue_limit": 16,
-        "max_connections": 100,
+        "max_pending_bytes": 100 * 2**20,
+        "max_header_bytes": 16384,
         "header_timeout_s": 10,
         "body_timeout_s": 30,
         "keep_alive_s": 5,
@@ -714,11 +716,11 @@ def test_an_abandoned_request_is_not_computed(classifier, caplog):
 
 
 def test_an_abandoned_request_over_a_socket_is_not_computed(classifier, caplog):
-    "The same through uvicorn and our protocol (in this process, on a loopback port): a client sends, then hangs up."
+    "The same through uvicorn as `distrinews-serve` runs it (in this process, on a loopback port): a client hangs up."
     clf = _blocking(classifier)
     app = create_app(ServeSettings(**SMALL), classifier=clf)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, http=SlowClientGuard, log_config=None, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, port=port, http=HeaderDeadline, log_config=None, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -767,3 +769,15 @@ def test_shutdown_refuses_new_work_and_finishes_or_refuses_queued(classifier):
         clf.release.set()
         assert running.result(10)
     assert clf.sizes == [1]
+
+
+def test_the_server_module_imports_no_training_module():
+    """The Docker image runs `python -m distrinews.serve`: the server's own imports (read from its source) name none of
+    the training stack, the benchmark harness or the scripts."""
+    tree = ast.parse((ROOT / "distrinews" / "serve.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {"." * n.level + (n.module or "") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    ours = {
+        m.removeprefix("distrinews.").lstrip(".").split(".")[0] for m in imported if m.startswith(("distrinews.", "."))
+    }
+    assert ours == {"inference"}, ours
