@@ -34,9 +34,9 @@ from .model import OFFLINE_ENCODER, build_classifier, config_from_args, load_tok
 from .train import pick_device, pick_precision, training_parser
 
 # %% auto #0
-__all__ = ['COMMANDS', 'training_script', 'training_flags', 'run_script', 'reference_loop', 'trainer_vs_reference', 'ddp_scaling',
-           'http_json', 'ServerProcess', 'server_process', 'load_texts', 'percentile', 'Connection', 'load_test',
-           'summarize', 'server_flags', 'benchmark', 'serving_benchmark']
+__all__ = ['COMMANDS', 'training_script', 'training_flags', 'run_script', 'reference_loop', 'trainer_vs_reference',
+           'train_ddp_shm', 'ddp_scaling', 'http_json', 'ServerProcess', 'server_process', 'load_texts', 'percentile',
+           'Connection', 'load_test', 'summarize', 'server_flags', 'benchmark', 'serving_benchmark']
 
 # %% ../nbs/07_benchmarks.ipynb #b7e3c1a1
 def training_script(name: str) -> Path:
@@ -155,6 +155,21 @@ def trainer_vs_reference(argv=None, out: str | os.PathLike = "trainer_vs_referen
     return result
 
 # %% ../nbs/07_benchmarks.ipynb #fa3e25f9
+def train_ddp_shm(argv=None):
+    """train_ddp.py with one change, for the scaling benchmark's side row: notebook 08's shared-memory lesson hook
+    averages the gradients in place of the backend's all-reduce (runs under torchrun: `python -m distrinews.benchmarks
+    train_ddp_shm ...`). The hook is a lesson, not a training flag, so it is swapped in here, not in the script."""
+    from distrinews.demos.debugging import SharedMemoryGradients, shared_memory_hook
+    from distrinews.scripts import train_ddp
+
+    def shared_memory(ddp, name):
+        ddp.register_comm_hook(SharedMemoryGradients(ddp.module), shared_memory_hook)
+        return "shared memory (notebook 08)"
+
+    train_ddp.register_comm_hook = shared_memory
+    train_ddp.main(argv)
+
+
 def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
     "The command line of benchmarks/ddp_scaling.py: N ranks vs 1, each a run of the training scripts; writes the JSON."
     p = argparse.ArgumentParser(prog="ddp_scaling.py", description="DDP scaling on this machine: N ranks vs 1 rank")
@@ -190,7 +205,7 @@ def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
 
     def command(n: int, sync: str, output_dir: Path) -> list[str]:
         "1 rank: train_single.py (no DDP at all); n ranks: torchrun and train_ddp.py, every rank one pass of the pool."
-        hook = "none" if sync == "allreduce" else sync  # shm: notebook 08's lesson hook, `--comm-hook shm`
+        hook = sync if sync in ("fp16", "bf16", "powersgd") else "none"
         flags = training_flags(
             profile="cpu",
             model_name=a.model,
@@ -205,8 +220,11 @@ def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
         )
         if n == 1:
             return [sys.executable, str(training_script("train_single.py")), *flags, "--fresh"]
+        script = [str(training_script("train_ddp.py"))]
+        if sync == "shm":  # the side row: the same script with notebook 08's hook (see train_ddp_shm)
+            script = ["-m", "distrinews.benchmarks", "train_ddp_shm"]
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
-        return [*torchrun, str(training_script("train_ddp.py")), *flags, "--fresh"]
+        return [*torchrun, *script, *flags, "--fresh"]
 
     def timed_epoch(metrics: list[dict]) -> float:
         "The samples/s of a run's last epoch (the script times its training loop), after checking it trained the pool."
@@ -621,4 +639,9 @@ COMMANDS = {
     "trainer_vs_reference": trainer_vs_reference,
     "ddp_scaling": ddp_scaling,
     "serving_benchmark": serving_benchmark,
+    "train_ddp_shm": train_ddp_shm,
 }
+
+# `python -m distrinews.benchmarks train_ddp_shm ...` (how torchrun starts the side row's ranks), not this notebook
+if __name__ == "__main__" and Path(sys.argv[0]).name == "benchmarks.py":
+    COMMANDS[sys.argv[1]](sys.argv[2:])

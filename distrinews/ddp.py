@@ -65,7 +65,7 @@ def replicas_in_sync(model, device=None) -> bool:
 
 # %% ../nbs/04_ddp.ipynb #acae54e37e7d407bbb7b55eff062a284
 def register_comm_hook(ddp: DDP, name: str) -> str:
-    "The DDP communication hook `name` attached: PyTorch's none|fp16|bf16|powersgd or 08's shm; the banner's words."
+    "Attach PyTorch's built-in DDP communication hook `name` (none|fp16|bf16|powersgd); returns the banner's words."
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if name == "none":
@@ -79,12 +79,7 @@ def register_comm_hook(ddp: DDP, name: str) -> str:
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return "PowerSGD (rank 1) after 10 plain all-reduce steps"
-    if name == "shm":  # notebook 08's lesson: the ranks average through shared memory (one machine only), no backend
-        from distrinews.demos.debugging import SharedMemoryGradients, shared_memory_hook
-
-        ddp.register_comm_hook(SharedMemoryGradients(ddp.module), shared_memory_hook)
-        return "shared memory (notebook 08's lesson hook)"
-    raise ValueError(f"comm_hook={name!r} is not one of none, fp16, bf16, powersgd, shm.")
+    raise ValueError(f"comm_hook={name!r} is not one of none, fp16, bf16, powersgd.")
 
 # %% ../nbs/04_ddp.ipynb #3da17596
 def interconnect_summary() -> str:

@@ -72,8 +72,8 @@ class RunConfig:
     # > 0: also keep a moving average of the weights (evaluated and saved); 0: off
     ema_decay: Annotated[float, Field(ge=0, lt=1)] = 0.0
     num_threads: Annotated[int, Field(ge=1)] | None = None  # torch CPU threads per process (None: torch's default)
-    # DDP: none = plain all-reduce; fp16, bf16, powersgd: PyTorch's hooks; shm: notebook 08's (one machine only)
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd", "shm"] = "none"
+    # DDP: none = plain all-reduce; else a built-in hook
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
 
     def __post_init__(self):  # the ranges are in the annotations (checked by pydantic); this needs two fields
         if self.eval_split == "validation" and self.validation_size < 1:
