@@ -158,7 +158,7 @@ def trainer_vs_reference(argv=None, out: str | os.PathLike = "trainer_vs_referen
 def train_ddp_shm(argv=None):
     """train_ddp.py with one change, for the scaling benchmark's side row: notebook 08's shared-memory lesson hook
     averages the gradients in place of the backend's all-reduce (runs under torchrun: `python -m distrinews.benchmarks
-    train_ddp_shm ...`). The hook is a lesson, not a training flag, so it is swapped in here, not in the script."""
+    train_ddp_shm ...`). The hook is a lesson, not a training flag: the script takes it as a parameter."""
     from distrinews.demos.debugging import SharedMemoryGradients, shared_memory_hook
     from distrinews.scripts import train_ddp
 
@@ -166,8 +166,7 @@ def train_ddp_shm(argv=None):
         ddp.register_comm_hook(SharedMemoryGradients(ddp.module), shared_memory_hook)
         return "shared memory (notebook 08)"
 
-    train_ddp.register_comm_hook = shared_memory
-    train_ddp.main(argv)
+    train_ddp.main(argv, attach_hook=shared_memory)
 
 
 def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
