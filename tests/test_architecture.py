@@ -19,7 +19,18 @@ SCRIPTS = {"scripts.train_single": ROOT / "nbs" / "train_single.py", "scripts.tr
 CORE, PROGRAMS, RUNNERS = 0, 1, 2
 LAYERS = {
     **dict.fromkeys(
-        ["model", "kaggle", "data", "train", "ddp", "inference", "demos.concepts", "demos.debugging", "going_further"],
+        [
+            "model",
+            "kaggle",
+            "data",
+            "train",
+            "ddp",
+            "inference",
+            "convert",
+            "demos.concepts",
+            "demos.debugging",
+            "going_further",
+        ],
         CORE,
     ),
     **dict.fromkeys(["scripts.train_single", "scripts.train_ddp", "serve"], PROGRAMS),
@@ -31,7 +42,7 @@ TRAINING_MODULES = {"data", "train", "ddp", "scripts.train_single", "scripts.tra
 # that may only go down, until it reaches the budget and the entry goes.
 MAIN_PATH_BUDGET = 250
 MAIN_PATH = ["00_concepts", "03_single_gpu", "04_ddp", "05_inference", "06_deploy"]
-OVER_BUDGET_CEILING = {"00_concepts": 317, "03_single_gpu": 657, "05_inference": 682, "06_deploy": 740}
+OVER_BUDGET_CEILING = {"00_concepts": 317, "03_single_gpu": 657, "05_inference": 527, "06_deploy": 740}
 
 
 def package_modules() -> dict[str, Path]:

@@ -87,10 +87,10 @@ def first_code_cell(notebook: Path) -> str:
 
 
 def test_every_notebook_installs_the_course_first():
-    """Each numbered notebook's first cell installs the course, from DISTRINEWS_INSTALL_SPEC when it is set; 00-10's
-    and 12's cells are one text (the rehearsal runs 00's for all of them), 11's adds the scale extra."""
+    """Each numbered notebook's first cell installs the course, from DISTRINEWS_INSTALL_SPEC when it is set; 00-10's,
+    12's and 13's cells are one text (the rehearsal runs 00's for all of them), 11's adds the scale extra."""
     cells = {nb.name[:2]: first_code_cell(nb) for nb in sorted(NBS.glob("[0-9][0-9]_*.ipynb"))}
-    assert sorted(cells) == [f"{i:02d}" for i in range(13)]
+    assert sorted(cells) == [f"{i:02d}" for i in range(14)]
     assert len({cells[n] for n in cells if n != "11"}) == 1
     for text in cells.values():
         assert 'os.environ.get("DISTRINEWS_INSTALL_SPEC", "git+https://github.com/distrinews/distrinews")' in text
