@@ -72,6 +72,7 @@ def _architecture(base_model: str):
 # %% ../nbs/13_reference_checkpoints.ipynb #056af89c
 def load_reference_checkpoint(pt_path: str | os.PathLike, base_model: str | None = None):
     "Model, tokenizer and metadata from a reference-design `.pt` checkpoint, unpickled with `weights_only=True`."
+    _quiet_transformers()  # no progress bars or warnings: one line on success, one on failure
     ckpt, data = unpickle_weights(pt_path)
     state = ckpt.get("model_state_dict", ckpt)
     if not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
