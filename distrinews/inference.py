@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import io
 import json
 import os
-import pickle
-import re
 import threading
 import time
 from concurrent.futures import Future
@@ -24,8 +21,6 @@ import torch
 from distrinews.model import (
     LABELS,
     OFFLINE_ENCODER,
-    RANDOM_DISTILBERT,
-    ModelNotAvailableError,
     build_classifier,
     load_tokenizer,
     native_bf16,
@@ -35,178 +30,10 @@ from distrinews.model import (
 )
 
 # %% auto #0
-__all__ = ['WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'PROBE_TEXTS', 'NO_CHECKPOINT_MESSAGE', 'make_demo_checkpoint',
-           'InvalidCheckpointError', 'check_checkpoint_dir', 'fit_head', 'choose_dtype', 'Classifier', 'read_weights',
-           'weights_digest', 'nonfinite_tensors', 'check_labels', 'build_strict', 'load_classifier',
-           'load_reference_checkpoint', 'convert_reference_checkpoint', 'QueueFullError', 'MicroBatcher',
-           'NoCheckpointError', 'default_checkpoint', 'pick_checkpoint']
-
-# %% ../nbs/05_inference.ipynb #0ce389de
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
-PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-
-
-def _quiet_transformers():
-    "No progress bars or 'newly initialized weights' warnings from transformers (servers and notebooks stay readable)."
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-def make_demo_checkpoint(
-    path: str | os.PathLike, model_name: str = OFFLINE_ENCODER, seed: int = 0, max_length: int = 128
-) -> Path:
-    "Write an untrained classifier in the training checkpoint format to `path` (for demos and tests)."
-    _quiet_transformers()
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    build_classifier(model_name, seed=seed).save_pretrained(path)
-    load_tokenizer(model_name).save_pretrained(path)
-    (path / "run_config.json").write_text(
-        json.dumps(
-            {
-                "name": "demo-untrained",
-                "model_name": model_name,
-                "max_length": max_length,
-                "profile": "demo",
-                "seed": seed,
-            },
-            indent=1,
-        )
-    )
-    return path
-
-# %% ../nbs/05_inference.ipynb #21941852
-class InvalidCheckpointError(ValueError):
-    "A path that cannot be served as a classifier; the message says what is missing and what to do."
-
-
-def _listing(path: Path, n: int = 8) -> str:
-    names = sorted(p.name for p in path.iterdir())
-    return ", ".join(names[:n]) + (f", ... ({len(names)} entries)" if len(names) > n else "") if names else "nothing"
-
-
-def check_checkpoint_dir(path: str | os.PathLike) -> Path:
-    "`path` as a `Path` if it looks like a servable checkpoint folder, else an `InvalidCheckpointError` saying why."
-    path = Path(path).expanduser()
-    hint = (
-        "Expected a folder written by `model.save_pretrained(dir)` and `tokenizer.save_pretrained(dir)` "
-        "(config.json, model.safetensors, tokenizer files), e.g. runs/cpu/checkpoint from train_ddp.py."
-    )
-    if not path.exists():
-        raise InvalidCheckpointError(f"Checkpoint {path} does not exist. {hint}")
-    if not path.is_dir():
-        raise InvalidCheckpointError(
-            f"Checkpoint {path} is a file, not a folder. {hint} A reference-design .pt file can "
-            "be converted with `convert_reference_checkpoint`."
-        )
-    if not (path / "config.json").is_file():
-        raise InvalidCheckpointError(
-            f"{path} is not a checkpoint: it has no config.json (it holds {_listing(path)}). {hint}"
-        )
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidCheckpointError(f"{path}/config.json is not valid JSON ({e}).") from None
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise InvalidCheckpointError(f"{path}/config.json has no `model_type`: not a Hugging Face model config.")
-    if not any((path / f).is_file() for f in WEIGHT_FILES):
-        pickled = [f for f in PICKLE_WEIGHT_FILES if (path / f).is_file()]
-        extra = (
-            (
-                f" It has {pickled[0]}, a pickle file; re-save it with `model.save_pretrained(dir)` (safetensors is "
-                "the default) on a machine where you trust that file."
-            )
-            if pickled
-            else ""
-        )
-        raise InvalidCheckpointError(
-            f"{path} has no model.safetensors (it holds {_listing(path)}).{extra} "
-            "The server loads weights from safetensors only."
-        )
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
-        raise InvalidCheckpointError(
-            f"{path} has model weights but no tokenizer files: save them beside the model "
-            "with `tokenizer.save_pretrained(dir)`."
-        )
-    return path
-
-# %% ../nbs/05_inference.ipynb #a1f0c002
-def fit_head(checkpoint: str | os.PathLike, out: str | os.PathLike, n: int = 512, max_length: int = 64) -> Path:
-    """A copy of `checkpoint` in `out` whose classification head is fitted on `n` AG News training items: a linear
-    probe (the encoder stays frozen; seconds on a CPU), so it predicts like a trained model. The rows come from
-    wherever the course finds AG News without the hub: `$DISTRINEWS_DATA_DIR`, or a copy attached on Kaggle."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from distrinews.data import DataFolderError, load_agnews, locate_data, stratified_indices
-
-    _quiet_transformers()
-    out = Path(out)
-    try:
-        found = load_agnews("train", source="local") if locate_data(source="local") else None
-    except DataFolderError:
-        found = None
-    if found is None:
-        raise FileNotFoundError("no AG News without the hub to fit a head on: set DISTRINEWS_DATA_DIR")
-    texts, labels = found["text"], found["label"]
-    rows = stratified_indices(labels, n, seed=0)
-    texts, labels = [texts[i] for i in rows], torch.tensor([labels[i] for i in rows])
-    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, local_files_only=True).eval()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    feats = []  # what the head sees: the encoder's pooled features, computed once
-    hook = model.classifier.register_forward_hook(lambda m, args, output: feats.append(args[0].detach()))
-    with torch.inference_mode():
-        for i in range(0, len(texts), 64):
-            batch = tokenizer(
-                texts[i : i + 64], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-            )
-            model(**batch)
-    hook.remove()
-    x, head = torch.cat(feats), model.classifier
-    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
-    for _ in range(300):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(head(x), labels).backward()
-        opt.step()
-    accuracy = (head(x).argmax(-1) == labels).float().mean().item()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    run_config = dict(name="minilm-linear-probe", model_name="all-MiniLM-L6-v2", max_length=max_length)
-    (out / "run_config.json").write_text(json.dumps(dict(run_config, train_items=n, train_accuracy=accuracy)))
-    return out
-
-# %% ../nbs/05_inference.ipynb #38425ca2
-PROBE_TEXTS = [
-    "Rebels seize the capital as the president flees the country",
-    "UN Security Council calls for a ceasefire in the border conflict",
-    "Striker scores twice as United beat Chelsea in the cup final",
-    "Federer wins a fifth straight title at Wimbledon",
-    "Oil prices climb as stocks slide on Wall Street",
-    "Central bank raises interest rates to cool inflation",
-    "NASA probe sends back the first images of the comet",
-    "New smartphone chip doubles battery life, researchers say",
-]
-
-
-def choose_dtype(
-    model, tokenizer, device: str | torch.device, requested: str = "auto", probes=PROBE_TEXTS, max_length: int = 128
-) -> tuple[torch.dtype | None, str]:
-    "The autocast dtype to serve with (None: float32) and why. `requested`: auto | fp32 | bf16."
-    if requested not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"dtype must be auto, fp32 or bf16, not {requested!r}")
-    device = torch.device(device)
-    if requested == "fp32":
-        return None, "fp32: requested"
-    if requested == "auto" and not native_bf16(device):
-        return None, f"fp32: this {device.type} has no native bf16"
-    ref = predict(model, tokenizer, list(probes), max_length=max_length, device=device)
-    low = predict(model, tokenizer, list(probes), max_length=max_length, device=device, dtype=torch.bfloat16)
-    flips = [t for t, a, b in zip(probes, ref, low) if a["label"] != b["label"]]
-    if flips:
-        return None, f"fp32: bf16 changed the label of {len(flips)} of {len(probes)} probe texts"
-    gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(ref, low) for k in a["probabilities"])
-    return torch.bfloat16, f"bf16: same labels as fp32 on {len(probes)} probe texts (max probability change {gap:.3f})"
+__all__ = ['PROBE_TEXTS', 'WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'CHECKPOINT_HINT', 'NO_CHECKPOINT_MESSAGE', 'Classifier',
+           'choose_dtype', 'make_demo_checkpoint', 'InvalidCheckpointError', 'check_checkpoint_dir', 'read_weights',
+           'weights_digest', 'nonfinite_tensors', 'check_labels', 'build_strict', 'load_classifier', 'QueueFullError',
+           'MicroBatcher', 'NoCheckpointError', 'default_checkpoint', 'pick_checkpoint']
 
 # %% ../nbs/05_inference.ipynb #679b8667
 @dataclass
@@ -254,6 +81,119 @@ class Classifier:
         if not isinstance(text, str):
             raise TypeError(f"predict expects a string, got {type(text).__name__}")
         return self.predict_batch([text])[0]
+
+# %% ../nbs/05_inference.ipynb #38425ca2
+PROBE_TEXTS = [
+    "Rebels seize the capital as the president flees the country",
+    "UN Security Council calls for a ceasefire in the border conflict",
+    "Striker scores twice as United beat Chelsea in the cup final",
+    "Federer wins a fifth straight title at Wimbledon",
+    "Oil prices climb as stocks slide on Wall Street",
+    "Central bank raises interest rates to cool inflation",
+    "NASA probe sends back the first images of the comet",
+    "New smartphone chip doubles battery life, researchers say",
+]
+
+
+def choose_dtype(
+    model, tokenizer, device: str | torch.device, requested: str = "auto", probes=PROBE_TEXTS, max_length: int = 128
+) -> tuple[torch.dtype | None, str]:
+    "The autocast dtype to serve with (None: float32) and why. `requested`: auto | fp32 | bf16."
+    if requested not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"dtype must be auto, fp32 or bf16, not {requested!r}")
+    device = torch.device(device)
+    if requested == "fp32":
+        return None, "fp32: requested"
+    if requested == "auto" and not native_bf16(device):
+        return None, f"fp32: this {device.type} has no native bf16"
+    ref = predict(model, tokenizer, list(probes), max_length=max_length, device=device)
+    low = predict(model, tokenizer, list(probes), max_length=max_length, device=device, dtype=torch.bfloat16)
+    flips = [t for t, a, b in zip(probes, ref, low) if a["label"] != b["label"]]
+    if flips:
+        return None, f"fp32: bf16 changed the label of {len(flips)} of {len(probes)} probe texts"
+    gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(ref, low) for k in a["probabilities"])
+    return torch.bfloat16, f"bf16: same labels as fp32 on {len(probes)} probe texts (max probability change {gap:.3f})"
+
+# %% ../nbs/05_inference.ipynb #0ce389de
+def _quiet_transformers():
+    "No progress bars or 'newly initialized weights' warnings from transformers (servers and notebooks stay readable)."
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def make_demo_checkpoint(
+    path: str | os.PathLike, model_name: str = OFFLINE_ENCODER, seed: int = 0, max_length: int = 128
+) -> Path:
+    "Write an untrained classifier in the training checkpoint format to `path` (for demos and tests)."
+    _quiet_transformers()
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    build_classifier(model_name, seed=seed).save_pretrained(path)
+    load_tokenizer(model_name).save_pretrained(path)
+    run_config = dict(name="demo-untrained", model_name=model_name, max_length=max_length, profile="demo", seed=seed)
+    (path / "run_config.json").write_text(json.dumps(run_config, indent=1))
+    return path
+
+# %% ../nbs/05_inference.ipynb #21941852
+class InvalidCheckpointError(ValueError):
+    "A path that cannot be served as a classifier; the message says what is missing and what to do."
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+CHECKPOINT_HINT = (
+    "Expected a folder written by `model.save_pretrained(dir)` and `tokenizer.save_pretrained(dir)` "
+    "(config.json, model.safetensors, tokenizer files), e.g. runs/cpu/checkpoint from train_ddp.py."
+)
+
+
+def _listing(path: Path, n: int = 8) -> str:
+    names = sorted(p.name for p in path.iterdir())
+    return ", ".join(names[:n]) + (f", ... ({len(names)} entries)" if len(names) > n else "") if names else "nothing"
+
+# %% ../nbs/05_inference.ipynb #f9243179
+def check_checkpoint_dir(path: str | os.PathLike) -> Path:
+    "`path` as a `Path` if it looks like a servable checkpoint folder, else an `InvalidCheckpointError` saying why."
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise InvalidCheckpointError(f"Checkpoint {path} does not exist. {CHECKPOINT_HINT}")
+    if path.is_file() and path.suffix in (".pt", ".pth"):
+        raise InvalidCheckpointError(
+            f"Checkpoint {path} is a single .pt file (the original write-up's format); the loader serves checkpoint "
+            f"folders. Convert it first: python -m distrinews.convert {path} OUT_DIR (notebook 13)."
+        )
+    if not path.is_dir():
+        raise InvalidCheckpointError(f"Checkpoint {path} is a file, not a folder. {CHECKPOINT_HINT}")
+    if not (path / "config.json").is_file():
+        raise InvalidCheckpointError(
+            f"{path} is not a checkpoint: it has no config.json (it holds {_listing(path)}). {CHECKPOINT_HINT}"
+        )
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidCheckpointError(f"{path}/config.json is not valid JSON ({e}).") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise InvalidCheckpointError(f"{path}/config.json has no `model_type`: not a Hugging Face model config.")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        pickled = [f for f in PICKLE_WEIGHT_FILES if (path / f).is_file()]
+        extra = (
+            f" It has {pickled[0]}, a pickle file; re-save it with `model.save_pretrained(dir)` (safetensors is the "
+            "default) on a machine where you trust that file."
+            if pickled
+            else ""
+        )
+        raise InvalidCheckpointError(
+            f"{path} has no model.safetensors (it holds {_listing(path)}).{extra} "
+            "The server loads weights from safetensors only."
+        )
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        raise InvalidCheckpointError(
+            f"{path} has model weights but no tokenizer files: save them beside the model "
+            "with `tokenizer.save_pretrained(dir)`."
+        )
+    return path
 
 # %% ../nbs/05_inference.ipynb #9af2c0d8
 def _weight_files(path: Path) -> list[Path]:
@@ -329,40 +269,37 @@ def check_labels(config, where: str) -> None:
             "of this course. Serve a checkpoint that train_single.py or train_ddp.py (notebook 03/04) wrote."
         )
 
-
+# %% ../nbs/05_inference.ipynb #efe02326
 def build_strict(config, state: dict[str, torch.Tensor], where: str):
-    """The sequence classifier `config` describes, with every one of its tensors taken from `state`: none may be
-    missing (it would be freshly initialised), none left over, none of another shape, none holding NaN or Inf."""
-    from transformers import AutoModelForSequenceClassification
+    """The sequence classifier `config` describes, built by transformers' loader from the tensors in `state` (no file
+    is read), refused where one of its tensors is missing (it would be freshly initialised), left over, of another
+    shape, or holds NaN or Inf."""
+    from transformers import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING as CLASSIFIERS
 
+    if type(config) not in CLASSIFIERS:
+        raise InvalidCheckpointError(f"{where}: transformers has no sequence classifier for {config.model_type!r}.")
     try:
-        with torch.device("meta"):  # the architecture's tensor names and shapes, without allocating them
-            skeleton = AutoModelForSequenceClassification.from_config(config)
+        model, info = CLASSIFIERS[type(config)].from_pretrained(
+            None, config=config, state_dict=state, output_loading_info=True, ignore_mismatched_sizes=True
+        )
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise InvalidCheckpointError(f"{where}: no classifier can be built from its config.json ({first}).") from None
-    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
-    missing = [k for k in expected if k not in state]
-    extra = [k for k in state if k not in expected]
-    shapes = [
-        f"{k} {tuple(state[k].shape)}, not {expected[k]}"
-        for k in expected
-        if k in state and tuple(state[k].shape) != expected[k]
-    ]
+    names = list(model.state_dict())
+    missing = [k for k in names if k in info["missing_keys"]]
+    extra = sorted(info["unexpected_keys"])
+    shapes = [f"{k} {tuple(got)}, not {tuple(want)}" for k, got, want in sorted(info["mismatched_keys"])]
     if missing or extra or shapes:
-        found = [f"{len(missing)} of its {len(expected)} tensors are missing ({_few(missing)})"] if missing else []
+        found = [f"{len(missing)} of its {len(names)} tensors are missing ({_few(missing)})"] if missing else []
         found += [f"{len(extra)} tensors are not part of it ({_few(extra)})"] if extra else []
         found += [f"{len(shapes)} have another shape ({_few(shapes)})"] if shapes else []
         raise InvalidCheckpointError(
-            f"{where}: the weights are not those of the {type(skeleton).__name__} its config.json describes "
+            f"{where}: the weights are not those of the {type(model).__name__} its config.json describes "
             f"(model_type {config.model_type!r}): {'; '.join(found)}. Serving it would answer with freshly "
             "initialised weights; serve the folder training wrote (config and weights saved together)."
         )
-    bad = nonfinite_tensors(state)
-    if bad:
+    if bad := nonfinite_tensors(state):
         raise InvalidCheckpointError(f"{where}: NaN or Inf values in {len(bad)} of its weight tensors ({_few(bad)}).")
-    model = AutoModelForSequenceClassification.from_config(config)
-    model.load_state_dict(state, strict=True)
     return model
 
 # %% ../nbs/05_inference.ipynb #bcab0312
@@ -371,31 +308,25 @@ def load_classifier(
     device: str | torch.device | None = "auto",
     dtype: str = "auto",
     max_length: int | None = None,
-    base_model: str | None = None,
 ) -> Classifier:
-    "A `Classifier` from a checkpoint folder (or a reference-design `.pt` file, loaded with `weights_only=True`)."
+    "A `Classifier` from a checkpoint folder: weights read once from safetensors, built strictly, precision chosen."
     from transformers import AutoConfig, AutoTokenizer
 
     _quiet_transformers()
     device = pick_device(device)
-    path = Path(path).expanduser()
-    if path.is_file() and path.suffix in (".pt", ".pth"):
-        model, tokenizer, meta = load_reference_checkpoint(path, base_model=base_model)
-        run_config, version, name = meta, meta["version"], path.stem
-    else:
-        path = check_checkpoint_dir(path)
-        state, version = read_weights(path)  # in memory, hashed once: the version names what is served
-        try:
-            config = AutoConfig.from_pretrained(path, local_files_only=True)
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as e:  # a config for an unknown architecture, broken tokenizer files, ...: one clear line
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            raise InvalidCheckpointError(f"Could not load the checkpoint in {path}: {type(e).__name__}: {first}") from e
-        check_labels(config, f"{path}/config.json")
-        model = build_strict(config, state, str(path))
-        del state
-        use_pooling(model)  # the head reads what it was trained on (config.distrinews_pooling)
-        run_config, name = _read_json(path / "run_config.json"), path.name
+    path = check_checkpoint_dir(path)
+    state, version = read_weights(path)  # in memory, hashed once: the version names what is served
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a config for an unknown architecture, broken tokenizer files, ...: one clear line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise InvalidCheckpointError(f"Could not load the checkpoint in {path}: {type(e).__name__}: {first}") from e
+    check_labels(config, f"{path}/config.json")
+    model = build_strict(config, state, str(path))
+    del state
+    use_pooling(model)  # the head reads what it was trained on (config.distrinews_pooling)
+    run_config, name = _read_json(path / "run_config.json"), path.name
     if max_length is None:
         max_length = int(run_config.get("max_length") or min(tokenizer.model_max_length, 512))
     if run_config.get("name"):
@@ -408,96 +339,9 @@ def load_classifier(
         base_model=run_config.get("model_name") or model.config.model_type,
         dtype_reason=why,
         path=str(path),
-        metrics=_read_json(path / "metrics.json") if path.is_dir() else {},
+        metrics=_read_json(path / "metrics.json"),
     )
     return Classifier(model, tokenizer, device, chosen, max_length, name=name, version=version, info=info)
-
-# %% ../nbs/05_inference.ipynb #9b05a28d
-def _strip_prefixes(state_dict: dict) -> dict:
-    out = {}
-    for key, value in state_dict.items():
-        for prefix in ("module.", "model."):
-            if key.startswith(prefix):
-                key = key[len(prefix) :]
-        out[key] = value
-    return out
-
-
-def _architecture(base_model: str):
-    "A classifier with the architecture of `base_model`; random DistilBERT when distilbert-base-uncased is not local."
-    try:
-        return build_classifier(base_model, seed=0), load_tokenizer(base_model)
-    except ModelNotAvailableError:
-        if base_model != "distilbert-base-uncased":
-            raise
-        return build_classifier(RANDOM_DISTILBERT, seed=0), load_tokenizer(RANDOM_DISTILBERT)
-
-
-def load_reference_checkpoint(pt_path: str | os.PathLike, base_model: str | None = None):
-    "Model, tokenizer and metadata from a reference-design `.pt` checkpoint, unpickled with `weights_only=True`."
-    pt_path = Path(pt_path)
-    if not pt_path.is_file():
-        raise InvalidCheckpointError(f"Checkpoint file {pt_path} does not exist.")
-    data = pt_path.read_bytes()  # read once: the version below is the hash of exactly what was loaded
-    try:
-        ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        if not found:
-            raise InvalidCheckpointError(
-                f"{pt_path} is not a PyTorch checkpoint file (it cannot be unpickled)."
-            ) from None
-        raise InvalidCheckpointError(
-            f"Refused to load {pt_path}: it contains Python objects other than tensors and "
-            f"plain values (here: {found.group(1)}), which could run code when unpickled. Load "
-            "it only if you trust its source, and re-save the weights with safetensors."
-        ) from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise InvalidCheckpointError(f"{pt_path} is not a PyTorch checkpoint file ({e}).") from None
-    if not isinstance(ckpt, dict):
-        raise InvalidCheckpointError(f"{pt_path} holds a {type(ckpt).__name__}, not a dict.")
-    state = ckpt.get("model_state_dict", ckpt)
-    if not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise InvalidCheckpointError(f"{pt_path} has no `model_state_dict` of tensors (keys: {sorted(ckpt)[:10]}).")
-    config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
-    if config.get("num_labels", len(LABELS)) != len(LABELS):
-        raise InvalidCheckpointError(f"{pt_path} has num_labels={config['num_labels']}; AG News has {len(LABELS)}.")
-    base = base_model or config.get("model_name") or "distilbert-base-uncased"
-    model, tokenizer = _architecture(base)
-    mismatch = f"{pt_path} does not match the architecture of {base!r}"
-    fix = "Pass base_model= the model it was trained from."
-    try:
-        missing, unexpected = model.load_state_dict(_strip_prefixes(state), strict=False)
-    except RuntimeError as e:  # tensors of the wrong shape
-        detail = [line.strip() for line in str(e).splitlines() if "size mismatch" in line][:2]
-        raise InvalidCheckpointError(f"{mismatch}: {'; '.join(detail) or e}. {fix}") from None
-    if missing or unexpected:
-        raise InvalidCheckpointError(f"{mismatch}: missing {missing[:5]}, unexpected {unexpected[:5]}. {fix}")
-    bad = nonfinite_tensors(model.state_dict())
-    if bad:
-        raise InvalidCheckpointError(f"{pt_path}: NaN or Inf values in {len(bad)} of its weight tensors ({_few(bad)}).")
-    digest = hashlib.sha256(data).hexdigest()[:12]
-    meta = dict(
-        model_name=base,
-        max_length=config.get("max_length", 128),
-        version=digest,
-        converted_from=str(pt_path),
-        **{k: ckpt[k] for k in ("epoch", "loss", "accuracy") if isinstance(ckpt.get(k), (int, float))},
-    )
-    return model.eval(), tokenizer, meta
-
-
-def convert_reference_checkpoint(
-    pt_path: str | os.PathLike, out_dir: str | os.PathLike, base_model: str | None = None
-) -> Path:
-    "Convert a reference-design `.pt` checkpoint into a safetensors checkpoint folder that `load_classifier` serves."
-    model, tokenizer, meta = load_reference_checkpoint(pt_path, base_model)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "run_config.json").write_text(json.dumps(meta, indent=1))
-    return out_dir
 
 # %% ../nbs/05_inference.ipynb #a522e998
 class QueueFullError(RuntimeError):
@@ -513,19 +357,11 @@ class _Job:
     items: list
     future: Future
 
-
+# %% ../nbs/05_inference.ipynb #c077337d
 class MicroBatcher:
     "Groups concurrently submitted jobs into single calls of `fn(items) -> results` on one worker thread."
 
-    def __init__(
-        self,
-        fn,
-        max_batch_size: int = 32,
-        max_wait_ms: float = 5.0,
-        queue_limit: int = 256,
-        retry_after: float = 1.0,
-        name: str = "micro-batcher",
-    ):
+    def __init__(self, fn, max_batch_size=32, max_wait_ms=5.0, queue_limit=256, retry_after=1.0, name="micro-batcher"):
         if max_batch_size < 1 or queue_limit < 1 or max_wait_ms < 0:
             raise ValueError("max_batch_size and queue_limit must be >= 1 and max_wait_ms >= 0")
         self.fn, self.max_batch_size, self.max_wait, self.queue_limit = (
@@ -546,117 +382,12 @@ class MicroBatcher:
     def queued(self) -> int:
         return self._queued
 
-    def submit(self, items: list) -> Future:
-        "Queue `items` (a list); the future resolves to their results, in order. Raises `QueueFullError` when full."
-        items = list(items)
-        fut = Future()
-        if not items:
-            fut.set_result([])
-            return fut
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError(f"{self.name} is stopped")
-            if self._closing:
-                self.stats["rejected"] += 1
-                raise QueueFullError(f"server is shutting down; retry in {self.retry_after:g} s", self.retry_after)
-            if self._queued + len(items) > self.queue_limit:
-                self.stats["rejected"] += 1
-                raise QueueFullError(
-                    f"server busy: {self._queued} texts are waiting (queue limit "
-                    f"{self.queue_limit}); retry in {self.retry_after:g} s",
-                    self.retry_after,
-                )
-            job = _Job(items, fut)
-            self._queue.append(job)
-            self._queued += len(items)
-            self._cond.notify()
-        fut.add_done_callback(lambda f: f.cancelled() and self._drop(job))
-        return fut
-
-    def _drop(self, job: _Job):
-        "A job cancelled while it waits (its caller went away) leaves the queue at once: it costs no compute or room."
-        with self._cond:
-            try:
-                self._queue.remove(job)
-            except ValueError:  # the worker has taken it already
-                return
-            self._queued -= len(job.items)
-            self.stats["cancelled"] += 1
-
-    def _next_batch(self) -> list[_Job] | None:
-        with self._cond:
-            while not self._queue:
-                if self._stopping:
-                    return None
-                self._cond.wait()
-            # wait for the batch to fill, but only for as many texts as the last batch had: as many clients are
-            # probably waiting again. One client never waits; 32 clients fill a batch of 32.
-            deadline, expected = time.monotonic() + self.max_wait, min(self.max_batch_size, self._last_batch)
-            while self._queued < expected and not self._stopping:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            jobs, n = [], 0
-            while self._queue and (not jobs or n + len(self._queue[0].items) <= self.max_batch_size):
-                job = self._queue.popleft()
-                self._queued -= len(job.items)
-                if job.future.set_running_or_notify_cancel():
-                    jobs.append(job)
-                    n += len(job.items)
-                else:  # cancelled just now, as the worker took it
-                    self.stats["cancelled"] += 1
-            self._last_batch = max(1, n)
-            return jobs
-
-    def _run(self):
-        while (jobs := self._next_batch()) is not None:
-            if not jobs:
-                continue
-            items = [x for job in jobs for x in job.items]
-            try:
-                results = list(self.fn(items))
-                if len(results) != len(items):
-                    raise RuntimeError(f"fn returned {len(results)} results for {len(items)} items")
-            except BaseException as e:
-                for job in jobs:
-                    job.future.set_exception(e)
-                continue
-            self.stats["batches"] += 1
-            self.stats["items"] += len(items)
-            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(items))
-            start = 0
-            for job in jobs:
-                job.future.set_result(results[start : start + len(job.items)])
-                start += len(job.items)
-
     def start(self) -> MicroBatcher:
         "Start the worker thread (idempotent)."
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
         return self
-
-    def close(self, drain_s: float) -> threading.Timer:
-        """Refuse new jobs (`QueueFullError`) from now on; run the queued ones for up to `drain_s` seconds, then refuse
-        those still waiting. Returns at once; the batch that is running then finishes."""
-        with self._cond:
-            self._closing = True
-        timer = threading.Timer(drain_s, self._refuse_queued)
-        timer.daemon = True
-        timer.start()
-        return timer
-
-    def _refuse_queued(self):
-        with self._cond:
-            jobs, self._queued = list(self._queue), 0
-            self._queue.clear()
-        for job in jobs:
-            if job.future.set_running_or_notify_cancel():
-                self.stats["rejected"] += 1
-                job.future.set_exception(
-                    QueueFullError("server is shutting down before this request's turn", self.retry_after)
-                )
 
     def stop(self, timeout: float | None = 30):
         "Finish the jobs already queued, then stop the worker."
@@ -671,6 +402,127 @@ class MicroBatcher:
 
     def __exit__(self, *exc):
         self.stop()
+
+# %% ../nbs/05_inference.ipynb #27f4ae91
+def _submit(self: MicroBatcher, items: list) -> Future:
+    "Queue `items` (a list); the future resolves to their results, in order. Raises `QueueFullError` when full."
+    items, fut = list(items), Future()
+    if not items:
+        fut.set_result([])
+        return fut
+    with self._cond:
+        if self._stopping:
+            raise RuntimeError(f"{self.name} is stopped")
+        if self._closing:
+            self.stats["rejected"] += 1
+            raise QueueFullError(f"server is shutting down; retry in {self.retry_after:g} s", self.retry_after)
+        if self._queued + len(items) > self.queue_limit:
+            self.stats["rejected"] += 1
+            raise QueueFullError(
+                f"server busy: {self._queued} texts are waiting (queue limit "
+                f"{self.queue_limit}); retry in {self.retry_after:g} s",
+                self.retry_after,
+            )
+        job = _Job(items, fut)
+        self._queue.append(job)
+        self._queued += len(items)
+        self._cond.notify()
+    fut.add_done_callback(lambda f: f.cancelled() and self._drop(job))
+    return fut
+
+
+def _drop(self: MicroBatcher, job: _Job):
+    "A job cancelled while it waits (its caller went away) leaves the queue at once: it costs no compute or room."
+    with self._cond:
+        try:
+            self._queue.remove(job)
+        except ValueError:  # the worker has taken it already
+            return
+        self._queued -= len(job.items)
+        self.stats["cancelled"] += 1
+
+
+MicroBatcher.submit, MicroBatcher._drop = _submit, _drop
+
+# %% ../nbs/05_inference.ipynb #3c805a7a
+def _next_batch(self: MicroBatcher) -> list[_Job] | None:
+    "The jobs of the next call of `fn` (waiting for them as explained above); None once the batcher stops."
+    with self._cond:
+        while not self._queue:
+            if self._stopping:
+                return None
+            self._cond.wait()
+        # wait for the batch to fill, but only for as many texts as the last batch had: as many clients are
+        # probably waiting again. One client never waits; 32 clients fill a batch of 32.
+        deadline, expected = time.monotonic() + self.max_wait, min(self.max_batch_size, self._last_batch)
+        while self._queued < expected and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        jobs, n = [], 0
+        while self._queue and (not jobs or n + len(self._queue[0].items) <= self.max_batch_size):
+            job = self._queue.popleft()
+            self._queued -= len(job.items)
+            if job.future.set_running_or_notify_cancel():
+                jobs.append(job)
+                n += len(job.items)
+            else:  # cancelled just now, as the worker took it
+                self.stats["cancelled"] += 1
+        self._last_batch = max(1, n)
+        return jobs
+
+
+def _run(self: MicroBatcher):
+    "The worker thread: one call of `fn` per batch, each job handed its slice of the results (or the batch's error)."
+    while (jobs := self._next_batch()) is not None:
+        if not jobs:
+            continue
+        items = [x for job in jobs for x in job.items]
+        try:
+            results = list(self.fn(items))
+            if len(results) != len(items):
+                raise RuntimeError(f"fn returned {len(results)} results for {len(items)} items")
+        except BaseException as e:
+            for job in jobs:
+                job.future.set_exception(e)
+            continue
+        self.stats["batches"] += 1
+        self.stats["items"] += len(items)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(items))
+        start = 0
+        for job in jobs:
+            job.future.set_result(results[start : start + len(job.items)])
+            start += len(job.items)
+
+
+MicroBatcher._next_batch, MicroBatcher._run = _next_batch, _run
+
+# %% ../nbs/05_inference.ipynb #475546ae
+def _close(self: MicroBatcher, drain_s: float) -> threading.Timer:
+    """Refuse new jobs (`QueueFullError`) from now on; run the queued ones for up to `drain_s` seconds, then refuse
+    those still waiting. Returns at once; the batch that is running then finishes."""
+    with self._cond:
+        self._closing = True
+    timer = threading.Timer(drain_s, self._refuse_queued)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _refuse_queued(self: MicroBatcher):
+    with self._cond:
+        jobs, self._queued = list(self._queue), 0
+        self._queue.clear()
+    for job in jobs:
+        if job.future.set_running_or_notify_cancel():
+            self.stats["rejected"] += 1
+            job.future.set_exception(
+                QueueFullError("server is shutting down before this request's turn", self.retry_after)
+            )
+
+
+MicroBatcher.close, MicroBatcher._refuse_queued = _close, _refuse_queued
 
 # %% ../nbs/05_inference.ipynb #2fb1b841
 class NoCheckpointError(FileNotFoundError):

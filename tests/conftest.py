@@ -78,9 +78,9 @@ def running_server(checkpoint=None, *args: str, **kwargs):
 
 
 def fit_head(checkpoint: Path, out: Path, n: int = 512, max_length: int = 64) -> Path:
-    "`distrinews.inference.fit_head`, or a skipped test where the AG News files are not local."
+    "`distrinews.convert.fit_head`, or a skipped test where the AG News files are not local."
+    from distrinews.convert import fit_head as fit
     from distrinews.data import find_data_dir
-    from distrinews.inference import fit_head as fit
 
     data_dir = find_data_dir()
     if data_dir is None or not (data_dir / "train.csv").is_file():

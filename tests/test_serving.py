@@ -27,11 +27,10 @@ from distrinews.inference import (
     InvalidCheckpointError,
     MicroBatcher,
     choose_dtype,
-    convert_reference_checkpoint,
     load_classifier,
     weights_digest,
 )
-from distrinews.model import LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, build_classifier, load_tokenizer, predict
+from distrinews.model import LABELS, OFFLINE_ENCODER, build_classifier
 from distrinews.serve import HeaderDeadline, ServeSettings, begin_shutdown, create_app, main
 
 torch.set_num_threads(1)
@@ -264,12 +263,13 @@ def test_payload_is_real(tmp_path):
 
 def test_malicious_pickles_never_run(tmp_path, checkpoint):
     marker = tmp_path / "pwned.txt"
-    # 1. a reference-style .pt whose unpickling would run code
+    # 1. a reference-style .pt whose unpickling would run code: the loader serves folders only (converting it with
+    # weights_only=True is tests/test_convert.py's)
     torch.save({"model_state_dict": {"w": torch.zeros(1)}, "epoch": Payload(marker)}, tmp_path / "evil.pt")
-    with pytest.raises(InvalidCheckpointError, match="Refused to load"):
+    with pytest.raises(
+        InvalidCheckpointError, match=r"Convert it first: python -m distrinews.convert .*evil.pt OUT_DIR"
+    ):
         load_classifier(tmp_path / "evil.pt")
-    with pytest.raises(InvalidCheckpointError, match="Refused"):
-        convert_reference_checkpoint(tmp_path / "evil.pt", tmp_path / "out")
     # 2. a valid checkpoint folder with a booby-trapped training_state.pt: loads, and the file is never opened
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -283,67 +283,6 @@ def test_malicious_pickles_never_run(tmp_path, checkpoint):
     with pytest.raises(InvalidCheckpointError, match="pytorch_model.bin, a pickle file"):
         load_classifier(ckpt)
     assert not marker.exists()
-
-
-class NewsClassifier(torch.nn.Module):
-    "The reference design's wrapper: the HF model sits in `.model`."
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-
-def test_reference_checkpoint_converts_with_same_predictions(tmp_path):
-    model = build_classifier(OFFLINE_ENCODER, seed=7).eval()
-    state = {"module." + k: v for k, v in NewsClassifier(model).state_dict().items()}  # saved from DDP
-    torch.save(
-        {
-            "epoch": 2,
-            "model_state_dict": state,
-            "optimizer_state_dict": {"state": {}, "param_groups": []},
-            "accuracy": 91.5,
-            "config": {"model_name": OFFLINE_ENCODER, "num_labels": 4, "max_length": 48},
-        },
-        tmp_path / "ref.pt",
-    )
-    out = convert_reference_checkpoint(tmp_path / "ref.pt", tmp_path / "converted")
-    assert (out / "model.safetensors").exists() and not list(out.glob("*.pt"))
-    clf = load_classifier(out, dtype="fp32")
-    texts = ["Stocks rally", "Striker scores twice in the cup final"]
-    expected = predict(model, load_tokenizer(OFFLINE_ENCODER), texts, max_length=48)
-    for got, want in zip(clf.predict_batch(texts), expected):
-        assert got["label"] == want["label"] and abs(got["confidence"] - want["confidence"]) < 1e-5
-    assert clf.max_length == 48 and json.loads((out / "run_config.json").read_text())["accuracy"] == 91.5
-
-
-def test_reference_distilbert_checkpoint_loads_offline(tmp_path):
-    "The reference design's own case: distilbert-base-uncased, not downloadable here; every weight comes from the file."
-    model = build_classifier(RANDOM_DISTILBERT, seed=5).eval()
-    torch.save(
-        {
-            "model_state_dict": NewsClassifier(model).state_dict(),
-            "config": {"model_name": "distilbert-base-uncased", "num_labels": 4, "max_length": 32},
-        },
-        tmp_path / "d.pt",
-    )
-    clf = load_classifier(tmp_path / "d.pt", dtype="fp32")
-    want = predict(model, load_tokenizer(RANDOM_DISTILBERT), ["Mars rover lands"], max_length=32)[0]
-    got = clf.predict("Mars rover lands")
-    assert got["label"] == want["label"] and abs(got["confidence"] - want["confidence"]) < 1e-5
-    assert clf.name == "distilbert-base-uncased-agnews"
-
-
-def test_reference_checkpoint_with_wrong_architecture(tmp_path):
-    state = build_classifier(OFFLINE_ENCODER, seed=0).state_dict()
-    torch.save({"model_state_dict": state, "config": {"model_name": RANDOM_DISTILBERT}}, tmp_path / "x.pt")
-    with pytest.raises(InvalidCheckpointError, match="does not match the architecture"):
-        load_classifier(tmp_path / "x.pt")
-    torch.save({"model_state_dict": state, "config": {"num_labels": 20}}, tmp_path / "y.pt")
-    with pytest.raises(InvalidCheckpointError, match="num_labels=20"):
-        load_classifier(tmp_path / "y.pt")
-    (tmp_path / "z.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(InvalidCheckpointError, match="not a PyTorch checkpoint"):
-        load_classifier(tmp_path / "z.pt")
 
 
 # ---------------------------------------------------------------- precision
