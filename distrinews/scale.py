@@ -18,6 +18,7 @@ import shutil
 import sys
 import warnings
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -81,7 +82,7 @@ def _portable(cfg: RunConfig) -> dict:
     absolute = dict(data_dir=data_dir and str(data_dir.resolve()), output_dir=str(Path(cfg.output_dir).resolve()))
     return dataclasses.asdict(dataclasses.replace(cfg, **absolute))
 
-# %% ../nbs/11_scale_out.ipynb #0e09f9de
+# %% ../nbs/11_scale_out.ipynb #721b8ddd
 def train_with_ray(
     cfg: RunConfig,
     num_workers: int = 2,
@@ -126,7 +127,7 @@ def suggest_settings(trial, max_epochs: int = 3) -> dict:
         epochs=trial.suggest_int("epochs", 1, max_epochs),
     )
 
-# %% ../nbs/11_scale_out.ipynb #243200d7
+# %% ../nbs/11_scale_out.ipynb #d92bb70c
 def trial_config(base: RunConfig, settings: dict, name: str) -> RunConfig:
     "The run a trial trains: `base` with `settings`, evaluated on held-out training rows, in a folder of its own."
     if base.validation_size < 1:
@@ -173,7 +174,7 @@ def _reason(e: Exception) -> str:
     "The first line of what the database driver said (sqlalchemy wraps it in `e.orig`)."
     return (str(getattr(e, "orig", None) or e).strip().splitlines() or [type(e).__name__])[0]
 
-# %% ../nbs/11_scale_out.ipynb #bd1a5739
+# %% ../nbs/11_scale_out.ipynb #b8894627
 def open_storage(url: str, heartbeat_interval: int | None = 10, grace_period: int | None = None, retries: int = 1):
     "An Optuna storage for `url` (a database URL, or a journal file `journal:PATH` / `*.log`); see above."
     from optuna import storages
@@ -216,7 +217,7 @@ def make_pruner(startup_trials: int = 2, warmup_epochs: int = 0):
     # 1..warmup_epochs are spared only with n_warmup_steps = warmup_epochs + 1
     return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_epochs + 1)
 
-# %% ../nbs/11_scale_out.ipynb #f737b406
+# %% ../nbs/11_scale_out.ipynb #babbb6ac
 def open_study(storage, name: str, startup_trials: int = 2, seed: int | None = None, warmup_epochs: int = 0):
     "Create study `name` in `storage`, or load it if another worker already did."
     import optuna
@@ -226,7 +227,7 @@ def open_study(storage, name: str, startup_trials: int = 2, seed: int | None = N
         study_name=name, storage=storage, direction="maximize", load_if_exists=True, pruner=pruner, sampler=sampler
     )
 
-# %% ../nbs/11_scale_out.ipynb #2804fc0c
+# %% ../nbs/11_scale_out.ipynb #6591c980
 def said(study, trial):
     "What a worker prints after each trial (an Optuna callback): its state, settings and validation accuracies."
     curve = [trial.intermediate_values[k] for k in sorted(trial.intermediate_values)]
@@ -234,7 +235,7 @@ def said(study, trial):
         f"[worker {os.getpid()}] trial {trial.number}: {trial.state.name} {trial.params} validation {curve}", flush=True
     )
 
-# %% ../nbs/11_scale_out.ipynb #d97a572a
+# %% ../nbs/11_scale_out.ipynb #2f70ceb6
 def tune_worker(
     storage_url: str,
     study_name: str,
@@ -281,7 +282,7 @@ def trial_json(t) -> dict:
         recorded=t.user_attrs.get("recorded"),  # a trial added by hand says how
     )
 
-# %% ../nbs/11_scale_out.ipynb #c1b46f3c
+# %% ../nbs/11_scale_out.ipynb #4e2d54f6
 def study_summary(study) -> dict:
     "Every trial of `study` and the best one, as plain JSON, with the notes recorded on the study."
     trials = [trial_json(t) for t in study.get_trials(deepcopy=False)]
@@ -305,7 +306,11 @@ def tune_trainable(config: dict, run_config: dict):
     finally:
         shutil.rmtree(cfg.output_dir, ignore_errors=True)
 
-# %% ../nbs/11_scale_out.ipynb #a4bb00ea
+# %% ../nbs/11_scale_out.ipynb #9930e3ce
+def _search_space(trial, max_epochs: int):
+    suggest_settings(trial, max_epochs)  # the Optuna workers' space; returns None: no constants besides
+
+
 def tune_with_ray(base: RunConfig, num_samples: int = 4, max_epochs: int = 2, seed: int = 0):
     "Search with Ray Tune: Optuna's sampler (`OptunaSearch`) proposes, ASHA stops laggards. Returns the `ResultGrid`."
     import ray
@@ -314,12 +319,13 @@ def tune_with_ray(base: RunConfig, num_samples: int = 4, max_epochs: int = 2, se
     from ray.tune.search.optuna import OptunaSearch
 
     run_config = _portable(base)
-    space = lambda trial: suggest_settings(trial, max_epochs) and None  # None: nothing fixed besides
     trainable = tune.with_parameters(tune_trainable, run_config=run_config)
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 1, "gpu": int("GPU" in ray.cluster_resources())}),
         tune_config=tune.TuneConfig(
-            search_alg=OptunaSearch(space=space, metric="accuracy", mode="max", seed=seed),
+            search_alg=OptunaSearch(
+                space=partial(_search_space, max_epochs=max_epochs), metric="accuracy", mode="max", seed=seed
+            ),
             scheduler=ASHAScheduler(time_attr="epoch", max_t=max_epochs, grace_period=1, reduction_factor=2),
             metric="accuracy",
             mode="max",
@@ -330,7 +336,7 @@ def tune_with_ray(base: RunConfig, num_samples: int = 4, max_epochs: int = 2, se
     )
     return tuner.fit()
 
-# %% ../nbs/11_scale_out.ipynb #9b489b30
+# %% ../nbs/11_scale_out.ipynb #a2384572
 WORKER_FLAGS = [  # tune-worker's numbers: flag, default, help
     ("--trials", 10, "trials this worker runs"),
     ("--max-epochs", 3, "most epochs a trial may train"),
@@ -361,7 +367,7 @@ def cli() -> argparse.ArgumentParser:
     r.add_argument("--storage-path", help="where Ray keeps checkpoints (shared by all nodes); default OUTPUT_DIR/ray")
     return p
 
-# %% ../nbs/11_scale_out.ipynb #86f27f99
+# %% ../nbs/11_scale_out.ipynb #208895ca
 def main(argv=None):
     p = cli()
     args = p.parse_args(argv)
