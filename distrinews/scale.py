@@ -92,7 +92,6 @@ def train_with_ray(
 ):
     """Train `cfg` with DDP on `num_workers` Ray workers (one GPU each where the cluster has GPUs); Ray replaces failed
     workers up to `max_failures` times, resuming from the last reported checkpoint. Returns Ray's `Result`."""
-    import ray
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -365,6 +364,7 @@ def cli() -> argparse.ArgumentParser:
     r.add_argument("--num-workers", type=int, default=2)
     r.add_argument("--max-failures", type=int, default=3, help="worker failures to recover from")
     r.add_argument("--storage-path", help="where Ray keeps checkpoints (shared by all nodes); default OUTPUT_DIR/ray")
+    r.add_argument("--global-batch-size", type=int, help="rows per optimizer step over all workers (sets --batch-size)")
     return p
 
 # %% ../nbs/11_scale_out.ipynb #208895ca
@@ -379,6 +379,10 @@ def main(argv=None):
             if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False)):
                 print(f"best so far: trial {study.best_trial.number}, {study.best_value:.2%}, {study.best_params}")
         else:
+            from distrinews.train import per_rank_batch_size
+
+            if args.global_batch_size:  # as train_ddp.py's flag: split over the workers
+                cfg.batch_size = per_rank_batch_size(args.global_batch_size, args.num_workers, cfg.grad_accum)
             start_ray(args.address, quiet=False)  # the workers' logs on this terminal
             result = train_with_ray(cfg, args.num_workers, args.max_failures, args.storage_path)
             if result.error:
