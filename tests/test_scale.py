@@ -6,18 +6,24 @@ whose `on_epoch_end` reports the validation accuracy to Optuna and raises `Trial
 - two workers share the study: every enqueued trial is run exactly once, by one of them;
 - a trial designed to be poor (lr=1e-7, 2 epochs) is pruned after its first epoch by the median rule;
 - a worker killed with SIGKILL in the middle of a trial leaves nothing stuck in RUNNING: the next worker to start a
-  trial marks it FAIL (its heartbeat stopped) and runs the copy that `RetryFailedTrialCallback` queued;
+  trial marks it FAIL (its heartbeat stopped) and runs the copy that `RetryHeartbeatStaleTrialCallback` queued;
 - the server is gone afterwards, and a storage that cannot be reached is reported in one line.
+
+The server is this file's own (`local_postgres`, a test helper: PostgreSQL's `initdb` and `pg_ctl`, found on PATH or
+under /usr/lib/postgresql/*/bin).
 
 Ray Train and Ray Tune run in the notebook itself (nbs/11_scale_out.ipynb), where one Ray instance serves both: Ray
 Train runs notebook 04's `train_ddp.py` (its `train`, in Ray's process group) with a worker killed mid-run, and its
 final weights and test accuracy must equal those of the same script launched by torchrun.
 """
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,15 +33,8 @@ pytestmark = pytest.mark.slow  # Ray and PostgreSQL
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg")
-from distrinews.scale import (  # noqa: E402  (after the skips: only with the scale extra)
-    SEARCHED,
-    StorageError,
-    _postgres_bin,
-    local_postgres,
-    open_storage,
-    open_study,
-    study_summary,
-)
+from distrinews.ddp import free_port  # noqa: E402
+from distrinews.scale import SEARCHED, StorageError, open_storage, open_study, study_summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -70,11 +69,34 @@ POOR = dict(GOOD, lr=1e-7, epochs=2)  # learns nothing: chance-level accuracy af
 assert set(GOOD) == set(SEARCHED), f"fix every searched setting in GOOD: {set(SEARCHED) ^ set(GOOD)}"
 
 
-def have_postgres():
+def postgres_bin() -> Path | None:
+    "The folder of PostgreSQL's initdb and pg_ctl (Debian and Ubuntu keep them off PATH), or None."
+    found = shutil.which("pg_ctl")
+    candidates = [Path(found).parent] if found else sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    return candidates[-1] if candidates else None
+
+
+@contextlib.contextmanager
+def local_postgres():
+    "A throwaway PostgreSQL server on a free loopback port: yields its URL; stopped and deleted afterwards."
+    bin_dir, folder, port = postgres_bin(), Path(tempfile.mkdtemp(prefix="distrinews-pg-")), free_port()
+    as_user = []
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        shutil.chown(folder, "nobody")
+        as_user = ["runuser", "-u", "nobody", "--"]
+
+    def pg(*args):
+        subprocess.run(as_user + [str(bin_dir / args[0]), *map(str, args[1:])], check=True, capture_output=True)
+
     try:
-        return _postgres_bin() is not None
-    except RuntimeError:
-        return False
+        pg("initdb", "-D", folder / "data", "-U", "optuna", "--auth=trust", "--no-sync", "-E", "UTF8")
+        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {folder} -c fsync=off"
+        pg("pg_ctl", "-D", folder / "data", "-l", folder / "server.log", "-w", "start", "-o", options)
+        yield f"postgresql+psycopg://optuna@127.0.0.1:{port}/postgres"
+    finally:
+        if (folder / "data" / "postmaster.pid").exists():
+            pg("pg_ctl", "-D", folder / "data", "-m", "immediate", "-w", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def worker(url, study, trials, out):
@@ -108,7 +130,7 @@ def states(study):
     return [t.state.name for t in study.get_trials(deepcopy=False)]
 
 
-@pytest.mark.skipif(not have_postgres(), reason="PostgreSQL (initdb, pg_ctl) is not installed")
+@pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL (initdb, pg_ctl) is not installed")
 def test_two_workers_one_postgres_study_with_pruning_and_a_killed_worker(tmp_path):
     with local_postgres() as url:
         study = open_study(open_storage(url, heartbeat_interval=1, grace_period=3), "news", startup_trials=1)
