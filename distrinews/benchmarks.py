@@ -57,7 +57,7 @@ def run_script(command: list[str], output_dir: str | os.PathLike, env: dict | No
         raise RuntimeError(f"exit status {p.returncode}: {shlex.join(command)}\n{p.stderr[-3000:]}")
     return json.loads((Path(output_dir) / "metrics.json").read_text())
 
-# %% ../nbs/07_benchmarks.ipynb #3cbdb487
+# %% ../nbs/07_benchmarks.ipynb #c780361c
 def reference_loop(model_name, texts, labels, batch_size, warmup, lr=2e-5, seed=0) -> dict:
     """A plain training loop: pad to 128 up front, shuffled DataLoader, fp32 AdamW. After `warmup` untimed steps it
     times one full pass over the rows; returns that pass's samples, optimizer steps and seconds."""
@@ -82,7 +82,7 @@ def reference_loop(model_name, texts, labels, batch_size, warmup, lr=2e-5, seed=
         samples, steps = samples + len(batch[2]), steps + 1
     return dict(samples=samples, steps=steps, seconds=time.perf_counter() - started)
 
-
+# %% ../nbs/07_benchmarks.ipynb #fd1a8114
 def trainer_vs_reference(argv=None, out: str | os.PathLike = "trainer_vs_reference.json") -> dict:
     """The command line of benchmarks/trainer_vs_reference.py: train_single.py (notebook 03) and a plain loop on the
     same rows, the same number of optimizer steps each; writes and returns the JSON."""
@@ -154,7 +154,7 @@ def trainer_vs_reference(argv=None, out: str | os.PathLike = "trainer_vs_referen
     print(f"both: {ours['samples']} rows in {ours['steps']} optimizer steps; speed-up {our_speed / ref_speed:.2f}x")
     return result
 
-# %% ../nbs/07_benchmarks.ipynb #fa3e25f9
+# %% ../nbs/07_benchmarks.ipynb #cfbbb18a
 def train_ddp_shm(argv=None):
     """train_ddp.py with one change, for the scaling benchmark's side row: notebook 08's shared-memory lesson hook
     averages the gradients in place of the backend's all-reduce (runs under torchrun: `python -m distrinews.benchmarks
@@ -168,7 +168,7 @@ def train_ddp_shm(argv=None):
 
     train_ddp.main(argv, attach_hook=shared_memory)
 
-
+# %% ../nbs/07_benchmarks.ipynb #15bfcbf5
 def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
     "The command line of benchmarks/ddp_scaling.py: N ranks vs 1, each a run of the training scripts; writes the JSON."
     p = argparse.ArgumentParser(prog="ddp_scaling.py", description="DDP scaling on this machine: N ranks vs 1 rank")
@@ -324,7 +324,7 @@ def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:
     print(f"-> {a.out}")
     return result
 
-# %% ../nbs/07_benchmarks.ipynb #5094b2b7
+# %% ../nbs/07_benchmarks.ipynb #d79c9002
 def http_json(url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict | None]:
     "GET `url` (or POST `body` as JSON) with the standard library: the status code and the decoded JSON answer."
     data = None if body is None else json.dumps(body).encode()
@@ -349,7 +349,7 @@ class ServerProcess:
         self.logfile.seek(0)
         return self.logfile.read()
 
-
+# %% ../nbs/07_benchmarks.ipynb #ff9695b3
 @contextlib.contextmanager
 def server_process(
     *args: str,
@@ -393,7 +393,7 @@ def server_process(
             proc.wait()
         logfile.close()
 
-# %% ../nbs/07_benchmarks.ipynb #26b126b6
+# %% ../nbs/07_benchmarks.ipynb #64fa5557
 def _agnews(split: str):
     "AG News `split` where the course finds it without the hub (a local folder, an attached Kaggle copy), else None."
     from distrinews.data import DataFolderError, locate_data
@@ -449,7 +449,7 @@ class Connection:
         if self.writer is not None:
             self.writer.close()
 
-
+# %% ../nbs/07_benchmarks.ipynb #e6342970
 async def load_test(url: str, texts: list[str], concurrency: int) -> tuple[list[float], dict, float]:
     "Send every text to /predict from `concurrency` clients (each waits for its answer before its next request)."
     host, port = url.split("//")[1].split(":")
@@ -511,7 +511,7 @@ def server_flags(batching: bool, args) -> list[str]:
         else ["--no-batching"]
     )
 
-
+# %% ../nbs/07_benchmarks.ipynb #8237d7fd
 def benchmark(checkpoint, texts, warmup, args) -> dict:
     """Both servers run side by side (an idle one costs nothing); the measured requests go to them in alternating
     rounds, so a change in background load on a shared machine hits both modes alike."""
@@ -557,7 +557,7 @@ def benchmark(checkpoint, texts, warmup, args) -> dict:
         runs[name] = r
     return runs
 
-
+# %% ../nbs/07_benchmarks.ipynb #fb11768a
 def serving_benchmark(argv=None, out_dir: str | os.PathLike = ".", root: str | os.PathLike | None = None) -> dict:
     """The command line of benchmarks/serving_benchmark.py: two servers, batching on and off, the same requests; writes
     and returns the JSON (default: `out_dir`/serving_c<clients>.json; `root`: the clone, for its runs/cpu/checkpoint)"""
