@@ -19,7 +19,7 @@ endif
 OFFLINE ?= $(if $(DISTRINEWS_DATA_DIR),1,)
 OFFLINE_ENV := $(if $(filter 1,$(OFFLINE)),HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1,)
 
-.PHONY: main test check format install-hooks venv readme docs course
+.PHONY: main test check format install-hooks venv readme docs course wheelhouse
 venv: $(VENV)/.installed
 $(VENV)/.installed: settings.ini setup.py deployment/requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -59,6 +59,11 @@ install-hooks: venv
 # NOTEBOOKS="03 04" runs some of them. See tools/course.py.
 course: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(OFFLINE_ENV) $(BIN)/python tools/course.py $(NOTEBOOKS)
+
+# Kaggle with the internet off: the course's wheel and what Kaggle's image lacks, in dist/wheelhouse (downloads them;
+# EXTRA=scale adds notebook 11's). Upload the folder as a Kaggle dataset and attach it; see tools/wheelhouse.py.
+wheelhouse: venv
+	$(BIN)/python tools/wheelhouse.py $(if $(EXTRA),--extra $(EXTRA),)
 
 # README.md is rendered from nbs/index.ipynb (nbdev_readme needs Quarto, which this machine cannot install).
 # The index links notebooks as the docs site sees them (`01_model.ipynb`); on GitHub they live in nbs/.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import platform
 import socket
 
 import torch
@@ -14,10 +15,28 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # %% auto #0
-__all__ = ['init_options', 'free_port', 'parameter_fingerprint', 'replicas_in_sync', 'register_comm_hook', 'interconnect_summary',
-           'allreduce_bandwidth', 'bandwidth_table']
+__all__ = ['gloo_platform_env', 'init_options', 'free_port', 'parameter_fingerprint', 'replicas_in_sync', 'register_comm_hook',
+           'interconnect_summary', 'allreduce_bandwidth', 'bandwidth_table']
 
 # %% ../nbs/04_ddp.ipynb #7fb27b941602401d91542211134fc71a
+def gloo_platform_env(env=os.environ, system: str | None = None) -> dict:
+    """Set what gloo and the key-value store need on macOS and Windows before `init_process_group`, where it is unset,
+    and return what was set (Linux needs nothing):
+    - macOS: gloo picks its network interface by resolving the hostname, which a Mac often cannot do ("no device"
+      or a hang): for a job on this one machine (MASTER_ADDR local, as `torchrun --standalone` sets) the loopback, lo0;
+    - Windows: torch's Windows builds may lack libuv, the default TCPStore backend: USE_LIBUV=0 (torchrun's own store
+      is created before this runs: set USE_LIBUV=0 in the shell there)."""
+    system = system or platform.system()
+    wanted = {}
+    if system == "Darwin" and env.get("MASTER_ADDR", "localhost") in ("localhost", "127.0.0.1"):
+        wanted["GLOO_SOCKET_IFNAME"] = "lo0"
+    if system == "Windows":
+        wanted["USE_LIBUV"] = "0"
+    chosen = {k: v for k, v in wanted.items() if k not in env}
+    env.update(chosen)
+    return chosen
+
+
 def init_options(timeout_s: float = 300, device: torch.device | None = None) -> dict:
     """The keyword arguments `train_ddp.py` adds to `init_process_group`: a timeout, so that a rank that died does not
     leave the others waiting forever; NCCL's `device_id`, which binds the group to this rank's GPU at once; and under
@@ -27,12 +46,16 @@ def init_options(timeout_s: float = 300, device: torch.device | None = None) -> 
     if device is not None and torch.device(device).type == "cuda":
         options["device_id"] = torch.device(device)
     env = os.environ
+    gloo_platform_env(env)
     if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's agent hosts the key-value store and keeps it across restarts, so the addresses a crashed attempt
         # published are still there: a restarted rank could read a dead peer's address and fail to connect. A prefix
         # per attempt keeps the attempts apart.
         world_size = int(env["WORLD_SIZE"])
-        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=timeout)
+        libuv = env.get("USE_LIBUV", "1") == "1"
+        store = dist.TCPStore(
+            env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=timeout, use_libuv=libuv
+        )
         attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
         options.update(
             store=dist.PrefixStore(f"attempt_{attempt}/", store), rank=int(env["RANK"]), world_size=world_size

@@ -152,7 +152,8 @@ def main(argv=None, attach_hook=register_comm_hook):  # attach_hook: notebook 08
     # torchrun tells each process who it is (RANK, LOCAL_RANK, WORLD_SIZE) and where to meet the others
     if device.type == "cuda":
         torch.cuda.set_device(device)  # this process's own GPU, before anything else touches one
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **init_options(args.timeout, device))
+    backend = "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"  # Windows has no NCCL
+    dist.init_process_group(backend, **init_options(args.timeout, device))
     try:
         if args.global_batch_size:
             cfg.batch_size = per_rank_batch_size(args.global_batch_size, dist.get_world_size(), cfg.grad_accum)

@@ -3,12 +3,15 @@
 Usage: python tests/kaggle_env.py VENV WHEEL [EXTRA...]
 
 Kaggle's image comes with torch, transformers, Jupyter and the rest preinstalled; what a notebook's first cell adds is
-the course itself. This builds that picture without a download: a new venv whose site-packages holds links to the
-packages of *this* environment that the wheel's base requirements need (their whole dependency closure, nothing else:
-no dev or scale extras), plus pip and the Jupyter kernel papermill drives. DistriNews itself is NOT in it: each
-notebook's install cell puts it there, from WHEEL (DISTRINEWS_INSTALL_SPEC). Console scripts (torchrun, papermill) are
-written afresh so that they run the new interpreter, never this environment's (where the course is an editable
-install of the clone).
+the course itself and the few requirements the image lacks. This builds that picture without a download: a new venv
+whose site-packages holds links to the packages of *this* environment that the wheel's base requirements need (their
+whole dependency closure, nothing else: no dev or scale extras), plus pip and the Jupyter kernel papermill drives, less
+the packages Kaggle's image does not have (tools/wheelhouse.py's NOT_ON_KAGGLE, with the image's package lists it was
+read from). DistriNews itself is NOT in it: each notebook's install cell puts it there, from WHEEL
+(DISTRINEWS_INSTALL_SPEC) or from the wheelhouse attached as an input, and with it what the image lacks. (The Jupyter
+kernel's own dependencies are this environment's: Kaggle's kernel is an older IPython with others.) Console scripts
+(torchrun, papermill) are written afresh so that they run the new interpreter, never this environment's (where the
+course is an editable install of the clone).
 """
 
 import importlib.metadata as md
@@ -19,6 +22,9 @@ import zipfile
 from pathlib import Path
 
 from packaging.requirements import Requirement
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from wheelhouse import NOT_ON_KAGGLE  # noqa: E402
 
 # what Kaggle's image has besides the course's requirements: pip (the install cell), Jupyter (papermill, the kernel)
 HARNESS = ["pip", "papermill", "ipykernel"]
@@ -74,7 +80,8 @@ def main(venv: str, wheel: str, *extras: str):
     )
     here = Path(sysconfig.get_paths()["purelib"])
     dists = closure(wheel_requirements(wheel, extras) + HARNESS)
-    dists.pop("distrinews", None)
+    for name in ("distrinews", *NOT_ON_KAGGLE[""]):  # what the install cell brings (the image has the rest)
+        dists.pop(name, None)
     for dist in dists.values():
         base = Path(dist.locate_file(""))
         tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}

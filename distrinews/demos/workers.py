@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..ddp import free_port
+from ..ddp import free_port, gloo_platform_env
 
 # %% auto #0
 __all__ = ['RankResult', 'shutdown_workers', 'spawn_workers', 'show_outputs']
@@ -51,6 +51,7 @@ def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
     old_env = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     dist.set_debug_level_from_env()  # TORCH_DISTRIBUTED_DEBUG is otherwise read at import
+    gloo_platform_env()  # macOS: the loopback interface; Windows: no libuv (see 04)
     value, error = None, None
     try:
         dist.init_process_group(
