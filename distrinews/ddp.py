@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # %% auto #0
-__all__ = ['init_options', 'free_port', 'parameter_fingerprint', 'replicas_in_sync', 'register_comm_hook', 'interconnect_summary',
-           'allreduce_bandwidth', 'bandwidth_table']
+__all__ = ['init_options', 'free_port', 'parameter_fingerprint', 'replicas_in_sync', 'peak_gpu_memory', 'register_comm_hook',
+           'interconnect_summary', 'allreduce_bandwidth', 'bandwidth_table']
 
 # %% ../nbs/04_ddp.ipynb #7fb27b941602401d91542211134fc71a
 def init_options(timeout_s: float = 300, device: torch.device | None = None) -> dict:
@@ -62,6 +62,15 @@ def replicas_in_sync(model, device=None) -> bool:
     everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     return all(torch.equal(everyone[0], other) for other in everyone[1:])
+
+# %% ../nbs/04_ddp.ipynb #a4f453fa
+def peak_gpu_memory(device: torch.device) -> str:
+    "Every rank's peak GPU memory so far, gathered from all ranks (a collective: every rank calls it), as one line."
+    peaks = [torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], device=device)]
+    if dist.is_initialized():
+        peaks = [torch.zeros_like(peaks[0]) for _ in range(dist.get_world_size())]
+        dist.all_gather(peaks, torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], device=device))
+    return "peak GPU memory: " + ", ".join(f"rank {r} {p.item():.2f} GiB" for r, p in enumerate(peaks))
 
 # %% ../nbs/04_ddp.ipynb #acae54e37e7d407bbb7b55eff062a284
 def register_comm_hook(ddp: DDP, name: str) -> str:
