@@ -63,7 +63,7 @@ def replicas_in_sync(model, device=None) -> bool:
     dist.all_gather(everyone, mine)
     return all(torch.equal(everyone[0], other) for other in everyone[1:])
 
-# %% ../nbs/04_ddp.ipynb #a4f453fa
+# %% ../nbs/04_ddp.ipynb #7cd8e873
 def peak_gpu_memory(device: torch.device) -> str:
     "Every rank's peak GPU memory so far, gathered from all ranks (a collective: every rank calls it), as one line."
     peaks = [torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], device=device)]

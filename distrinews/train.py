@@ -415,7 +415,7 @@ def clear_errors(prog: str):
             message += f". Start {prog} with torchrun: torchrun --standalone --nproc_per_node=2 {prog} ..."
         sys.exit(f"{prog}: error: {message}")
 
-# %% ../nbs/03_single_gpu.ipynb #df19f5bc
+# %% ../nbs/03_single_gpu.ipynb #6cfb944a
 class Tracker:
     "Rank 0's experiment tracking into `<output_dir>/runs` (`--report-to`); on other ranks, or with 'none', a no-op."
 
