@@ -395,6 +395,9 @@ def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="check the configuration (profile, precision, data) and exit")
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else "none"
     p.add_argument("--report-to", default=tracker, help="rank 0 logs to: none, tensorboard, wandb or a list of them")
+    p.add_argument(
+        "--profile-steps", type=int, default=0, help="torch.profiler over N steps: OUTPUT_DIR/trace_rank*.json"
+    )
     return p
 
 

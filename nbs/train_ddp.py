@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from tqdm.auto import tqdm
 
-from distrinews.ddp import init_options, peak_gpu_memory, register_comm_hook, replicas_in_sync
+from distrinews.ddp import init_options, peak_gpu_memory, register_comm_hook, replicas_in_sync, step_profiler
 from distrinews.data import LengthGroupedSampler, load_tokenized_splits, loader_options
 from distrinews.train import (
     Tracker, autocast, check_config, check_finite_loss, check_finite_weights, checkpoint_dir, clear_errors,
@@ -56,7 +56,7 @@ def evaluate(model, test_dl, device, precision) -> dict:
     return metrics_from_counts(counts)
 
 
-def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, report_to="none"):
+def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, report_to="none", profile_steps=0):
     "Train `cfg` to its last epoch (resuming from its checkpoint if there is one); returns the run's progress."
     rank, world_size = dist.get_rank(), dist.get_world_size()  # which worker this is, of how many
     master_process = rank == 0
@@ -83,6 +83,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
     scaler = make_grad_scaler(precision, device)  # fp16 only: scales the loss so that small gradients survive
     run = resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, raw_model, ema, log)
     tracker = Tracker(cfg, report_to, run.step, rank)  # --report-to: TensorBoard or W&B, from rank 0 only
+    profiler = step_profiler(cfg, profile_steps, rank)  # --profile-steps N: a timeline of N steps, a trace per rank
 
     def save_snapshot():
         "A resumable checkpoint: weights, optimizer, schedule, the place in the data and the random streams."
@@ -125,6 +126,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
                 run.step += 1
                 run.train_log.append((run.step, loss.item()))
                 tracker.log_step(run.step, loss.item(), lr, grad_norm, samples * world_size)
+                profiler.step()
                 simulate_failure(fail_at_step, run.step, rank)  # the fault-tolerance demo (--simulate-failure-at-step)
                 if cfg.save_every and run.step % cfg.save_every == 0:
                     save_snapshot()
@@ -148,6 +150,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
         if on_epoch_end is not None:  # Optuna prunes a poor trial here, Ray Train reports to its driver
             on_epoch_end(metrics, raw_model)
     tracker.close()
+    profiler.stop()
     in_sync = replicas_in_sync(raw_model, device)  # the proof that DDP did its job: the same weights on every rank
     log(f"replicas in sync after training: {in_sync}")
     return run
@@ -165,7 +168,7 @@ def main(argv=None):
     try:
         if args.global_batch_size:
             cfg.batch_size = per_rank_batch_size(args.global_batch_size, dist.get_world_size(), cfg.grad_accum)
-        train(cfg, device, resume=args.resume, fail_at_step=args.simulate_failure_at_step, report_to=args.report_to)
+        train(cfg, device, args.resume, args.simulate_failure_at_step, None, args.report_to, args.profile_steps)
     finally:
         dist.destroy_process_group()  # also when this rank fails: the others stop waiting for it
 

@@ -117,3 +117,40 @@ def check_tracking(out: Path, model_name: Path):
     assert steps == list(range(1, len(steps) + 1)) and len(steps) <= 9, steps
     assert [r["train/loss"] for r in killed] == pytest.approx([losses[s] for s in steps])
     print(f"W&B: the killed attempt's file holds steps 1-{len(steps)} (the checkpoint had 8)")
+
+
+def ddp_buckets(model_name) -> int:
+    "How many gradient buckets DDP makes of the classifier (its own logging data, in a group of one)."
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from distrinews.ddp import free_port
+    from distrinews.model import build_classifier
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        ddp = DDP(build_classifier(model_name, seed=42, dropout=0.0), gradient_as_bucket_view=True)
+        return len(ddp._get_ddp_logging_data()["bucket_sizes"].split(","))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_profile_steps_trace_each_bucket_on_each_rank(tmp_path, encoder):  # noqa: F811
+    from distrinews.ddp import ddp_timeline, plot_timeline
+
+    out = tmp_path / "run"
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", TRAIN_DDP, *TINY, "--model-name", encoder]
+    run_job([*cmd, "--batch-size", "8", "--profile-steps", "2", "--report-to", "none", "--output-dir", out])
+    assert sorted(p.name for p in out.glob("trace_rank*.json")) == ["trace_rank0.json", "trace_rank1.json"]
+    timeline, buckets = ddp_timeline(out), ddp_buckets(encoder)
+    assert sorted(timeline) == [0, 1]
+    for rank, t in timeline.items():
+        assert len(t["steps"]) == 2, rank  # the 2 profiled steps (after 1 skipped and 1 warm-up)
+        for s in t["steps"]:
+            assert len(s["all_reduce"]) == buckets, (rank, s["all_reduce"], buckets)  # one per bucket per step
+            assert s["forward"][0] < s["forward"][1] <= s["backward"][0] < s["backward"][1]
+            assert all(s["backward"][0] <= a < b for a, b in s["all_reduce"])  # started by backward's hooks
+        assert 0 <= t["overlap"] <= 1
+    fig = plot_timeline(timeline)  # the chart says what the function measured
+    labels = [label.get_text() for label in fig.axes[0].get_yticklabels()]
+    assert labels == [f"rank {r}: {timeline[r]['overlap']:.0%} hidden" for r in (0, 1)]
