@@ -28,7 +28,7 @@ $(VENV)/.installed: settings.ini setup.py deployment/requirements.txt
 	# the image's pins (deployment/requirements.txt) constrain this environment too: the versions the tests run are the
 	# versions the Space serves with, whatever has been released since
 	grep -v '^-' deployment/requirements.txt > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev,scale]"
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev,scale,track]"
 	touch $@
 
 PROFILE ?= cpu

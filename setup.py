@@ -38,7 +38,11 @@ setuptools.setup(
     include_package_data=True,
     package_data={cfg["lib_name"]: ["static/*"]},  # the demo page (distrinews/static/index.html)
     install_requires=split("requirements") + split("pip_requirements"),
-    extras_require={"dev": split("dev_requirements"), "scale": split("scale_requirements")},
+    extras_require={
+        "dev": split("dev_requirements"),
+        "scale": split("scale_requirements"),
+        "track": split("track_requirements"),
+    },
     entry_points={
         "console_scripts": split("console_scripts"),
         "nbdev": [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"],

@@ -166,7 +166,7 @@ def train_ddp_shm(argv=None):
         ddp.register_comm_hook(SharedMemoryGradients(ddp.module), shared_memory_hook)
         return "shared memory (notebook 08)"
 
-    train_ddp.main(argv, attach_hook=shared_memory)
+    train_ddp.main(argv, hook=shared_memory)
 
 # %% ../nbs/07_benchmarks.ipynb #15bfcbf5
 def ddp_scaling(argv=None, out: str | os.PathLike = "ddp_scaling.json") -> dict:

@@ -6,17 +6,21 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import socket
+import types
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # %% auto #0
-__all__ = ['gloo_platform_env', 'init_options', 'free_port', 'parameter_fingerprint', 'replicas_in_sync', 'register_comm_hook',
-           'interconnect_summary', 'allreduce_bandwidth', 'bandwidth_table']
+__all__ = ['gloo_platform_env', 'init_options', 'free_port', 'parameter_fingerprint', 'replicas_in_sync', 'peak_gpu_memory',
+           'register_comm_hook', 'step_profiler', 'ddp_timeline', 'plot_timeline', 'interconnect_summary',
+           'allreduce_bandwidth', 'bandwidth_table']
 
 # %% ../nbs/04_ddp.ipynb #7fb27b941602401d91542211134fc71a
 def gloo_platform_env(env=os.environ, system: str | None = None) -> dict:
@@ -86,6 +90,15 @@ def replicas_in_sync(model, device=None) -> bool:
     dist.all_gather(everyone, mine)
     return all(torch.equal(everyone[0], other) for other in everyone[1:])
 
+# %% ../nbs/04_ddp.ipynb #7cd8e873
+def peak_gpu_memory(device: torch.device) -> str:
+    "Every rank's peak GPU memory so far, gathered from all ranks (a collective: every rank calls it), as one line."
+    peaks = [torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], device=device)]
+    if dist.is_initialized():
+        peaks = [torch.zeros_like(peaks[0]) for _ in range(dist.get_world_size())]
+        dist.all_gather(peaks, torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], device=device))
+    return "peak GPU memory: " + ", ".join(f"rank {r} {p.item():.2f} GiB" for r, p in enumerate(peaks))
+
 # %% ../nbs/04_ddp.ipynb #acae54e37e7d407bbb7b55eff062a284
 def register_comm_hook(ddp: DDP, name: str) -> str:
     "Attach PyTorch's built-in DDP communication hook `name` (none|fp16|bf16|powersgd); returns the banner's words."
@@ -103,6 +116,65 @@ def register_comm_hook(ddp: DDP, name: str) -> str:
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return "PowerSGD (rank 1) after 10 plain all-reduce steps"
     raise ValueError(f"comm_hook={name!r} is not one of none, fp16, bf16, powersgd.")
+
+# %% ../nbs/04_ddp.ipynb #7cdc8c89c7104fffa095e18ddfef8986
+def step_profiler(cfg, steps: int, rank: int):
+    """A started `torch.profiler` over `steps` optimizer steps (after 1 skipped, 1 warm-up; call `.step()` after each,
+    `.stop()` at the end) that writes `<output_dir>/trace_rank<r>.json`; with `steps` 0, one that does nothing."""
+    if not steps:
+        return types.SimpleNamespace(step=lambda: None, stop=lambda: None)
+    trace = str(Path(cfg.output_dir) / f"trace_rank{rank}.json")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=steps, repeat=1)
+    profiler = torch.profiler.profile(activities=activities, schedule=schedule,
+                                      on_trace_ready=lambda p: p.export_chrome_trace(trace))  # fmt: skip
+    profiler.start()
+    return profiler
+
+
+def _span(events, t0) -> tuple[float, float]:
+    return min(e["ts"] for e in events) - t0, max(e["ts"] + e["dur"] for e in events) - t0
+
+
+def ddp_timeline(folder) -> dict:
+    """Per rank, from the Chrome traces of `--profile-steps`: each profiled step's forward and backward intervals and
+    all-reduce intervals (microseconds from the rank's first step), and `overlap`: the share of all-reduce time hidden
+    under backward."""
+    ranks = {}
+    for path in sorted(Path(folder).glob("trace_rank*.json")):
+        events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+        steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#"))
+        t0, rows, hidden, total = steps[0][0], [], 0.0, 0.0
+        for start, end in steps:
+            inside = [e for e in events if start <= e["ts"] < end]
+            forward = _span([e for e in inside if e["name"] == "DistributedDataParallel.forward"], t0)
+            backward = _span([e for e in inside if e["name"].startswith("autograd::engine::evaluate_function")], t0)
+            comms = sorted(_span([e], t0) for e in inside if e["name"].endswith(":all_reduce"))
+            hidden += sum(max(0.0, min(b, backward[1]) - max(a, backward[0])) for a, b in comms)
+            total += sum(b - a for a, b in comms)
+            rows.append(dict(forward=forward, backward=backward, all_reduce=comms))
+        ranks[int(path.stem.removeprefix("trace_rank"))] = dict(steps=rows, overlap=hidden / total if total else 0.0)
+    return ranks
+
+# %% ../nbs/04_ddp.ipynb #b118ea5561624da68c537baed56e602f
+def plot_timeline(timeline: dict):
+    "`ddp_timeline`'s intervals on a time axis (ms), a row per rank: forward, backward, and each all-reduce below them."
+    import matplotlib.pyplot as plt
+
+    ranks = sorted(timeline)
+    fig, ax = plt.subplots(figsize=(12, 0.9 + 0.8 * len(ranks)))
+    for row, rank in enumerate(ranks):
+        for s in timeline[rank]["steps"]:
+            bars = [(s["forward"], "C0", 0.4), (s["backward"], "C1", 0.4)] + [(c, "C2", 0) for c in s["all_reduce"]]
+            for (a, b), color, y in bars:
+                ax.broken_barh([(a / 1e3, (b - a) / 1e3)], (row + y, 0.35), color=color, edgecolor="k", lw=0.3)
+    ax.set_yticks(
+        [r + 0.4 for r in range(len(ranks))], [f"rank {r}: {timeline[r]['overlap']:.0%} hidden" for r in ranks]
+    )
+    ax.set(xlabel="ms from the first profiled step", title="forward (blue), backward (orange), all-reduce (green)")
+    return fig
 
 # %% ../nbs/04_ddp.ipynb #3da17596
 def interconnect_summary() -> str:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import random
 import re
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -49,7 +51,7 @@ __all__ = ['training_attention', 'use_training_attention', 'seed_everything', 'r
            'check_finite_weights', 'RunState', 'checkpoint_dir', 'restarted', 'prepare_run', 'load_model', 'autocast',
            'optimizer_step', 'check_finite_loss', 'evaluate_counts', 'metrics_from_counts', 'epoch_metrics',
            'training_state', 'resume_from', 'write_metrics', 'simulate_failure', 'per_rank_batch_size',
-           'training_parser', 'check_config', 'clear_errors', 'plot_history']
+           'training_parser', 'check_config', 'clear_errors', 'Tracker', 'plot_history']
 
 # %% ../nbs/03_single_gpu.ipynb #a7e1c0d2
 def training_attention(device: str | torch.device) -> str:
@@ -118,14 +120,14 @@ def make_scheduler(optimizer, total_steps: int, warmup_steps: int) -> torch.opti
     return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
 
 
-def scaled_optimizer_step(optimizer, scaler: torch.amp.GradScaler, parameters, max_grad_norm: float) -> bool:
-    "Unscale, clip and step; False when fp16 gradients overflowed and the scaler skipped the step (lowering its scale)."
+def scaled_optimizer_step(optimizer, scaler: torch.amp.GradScaler, parameters, max_grad_norm: float) -> torch.Tensor:
+    """Unscale, clip and step; returns the gradients' norm before clipping (what the trackers log): inf or nan when
+    they overflowed, and then with fp16 the scaler skips the step (and lowers its scale)."""
     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-    clip_grad_norm_(parameters, max_grad_norm)
-    scale = scaler.get_scale() if scaler.is_enabled() else None
+    norm = clip_grad_norm_(parameters, max_grad_norm)
     scaler.step(optimizer)
     scaler.update()
-    return scale is None or scaler.get_scale() >= scale
+    return norm
 
 # %% ../nbs/03_single_gpu.ipynb #7ea3200c
 def make_weight_average(model, decay: float):
@@ -221,12 +223,12 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None)
 
 
-def optimizer_step(optimizer, scaler, scheduler, model, max_grad_norm: float) -> bool:
-    "Clip the gradients, step the optimizer and the schedule, zero the gradients. False when fp16 skipped the step."
-    stepped = scaled_optimizer_step(optimizer, scaler, model.parameters(), max_grad_norm)
+def optimizer_step(optimizer, scaler, scheduler, model, max_grad_norm: float) -> torch.Tensor:
+    "Clip the gradients, step the optimizer and the schedule, zero the gradients; the gradient norm before clipping."
+    grad_norm = scaled_optimizer_step(optimizer, scaler, model.parameters(), max_grad_norm)
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return stepped
+    return grad_norm
 
 
 def check_finite_loss(loss: torch.Tensor, step: int, precision: str):
@@ -391,6 +393,11 @@ def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
                    help="ignore a checkpoint in --output-dir and start over")  # fmt: skip
     p.add_argument("--simulate-failure-at-step", type=int, help="rank 1 (or the only process) dies at this step")
     p.add_argument("--check", action="store_true", help="check the configuration (profile, precision, data) and exit")
+    tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else "none"
+    p.add_argument("--report-to", default=tracker, help="rank 0 logs to: none, tensorboard, wandb or a list of them")
+    p.add_argument(
+        "--profile-steps", type=int, default=0, help="torch.profiler over N steps: OUTPUT_DIR/trace_rank*.json"
+    )
     return p
 
 
@@ -410,6 +417,70 @@ def clear_errors(prog: str):
         if "env://" in message:  # started without torchrun
             message += f". Start {prog} with torchrun: torchrun --standalone --nproc_per_node=2 {prog} ..."
         sys.exit(f"{prog}: error: {message}")
+
+# %% ../nbs/03_single_gpu.ipynb #6cfb944a
+class Tracker:
+    "Rank 0's experiment tracking into `<output_dir>/runs` (`--report-to`); on other ranks, or with 'none', a no-op."
+
+    def __init__(self, cfg: RunConfig, report_to: str = "none", step: int = 0, rank: int = 0):
+        names = {n.strip() for n in report_to.split(",")} - {"", "none"}
+        if names - {"tensorboard", "wandb"}:
+            raise ValueError(f"--report-to {report_to}: choose none, tensorboard, wandb or a list (tensorboard,wandb)")
+        for name in names:
+            if importlib.util.find_spec(name) is None:
+                raise ValueError(f"--report-to {name}: the {name} package is not installed (pip install {name})")
+        folder, self.tb, self.wandb, self.last = Path(cfg.output_dir) / "runs", None, None, (time.perf_counter(), 0)
+        hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in vars(cfg).items()}
+        if rank == 0 and "tensorboard" in names:
+            from torch.utils.tensorboard import SummaryWriter, summary
+
+            for stale in folder.glob("events.out.tfevents.*") if not step else []:  # a fresh start: a new run
+                stale.unlink()
+            self.tb = SummaryWriter(folder, purge_step=step + 1 if step else None)  # resumed: drop steps after `step`
+            for proto in summary.hparams(hparams, {"epoch/accuracy": None}) if not step else []:  # HPARAMS tab
+                self.tb.file_writer.add_summary(proto)
+        if rank == 0 and "wandb" in names:
+            import wandb
+
+            (folder / "wandb").mkdir(parents=True, exist_ok=True)
+            id_file = folder / "wandb_run_id"
+            run_id = id_file.read_text() if step and id_file.exists() else None  # resumed: the same W&B run
+            flush = wandb.Settings(x_transaction_log_flush_interval=0.5)  # on disk within 0.5 s (default 15 s)
+            self.wandb = wandb.init(project="distrinews", dir=folder, id=run_id, resume="allow", config=hparams,
+                                    settings=flush)  # fmt: skip
+            id_file.write_text(self.wandb.id)
+
+    def log(self, values: dict, step: int, text: dict | None = None):
+        if self.tb is not None:
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, step)
+            for k, v in (text or {}).items():
+                self.tb.add_text(k, v, step)
+            self.tb.flush()  # on disk at once: a killed run loses nothing that its checkpoint has
+        if self.wandb is not None:
+            self.wandb.log({**values, **(text or {})}, step=step)
+
+    def log_step(self, step: int, loss: float, lr: float, grad_norm, samples: int):
+        "One optimizer step; `samples`: the rows of this epoch so far, over all ranks (their rate since the last step)."
+        (then, before), self.last = self.last, (time.perf_counter(), samples)
+        speed = (samples - before) / (self.last[0] - then)
+        self.log({"train/loss": loss, "train/learning_rate": lr, "train/grad_norm": float(grad_norm),
+                  "train/samples_per_s": speed}, step)  # fmt: skip
+
+    def log_epoch(self, metrics: dict):
+        "An epoch's record of `metrics.json` at its last step, the confusion matrix as a table."
+        values = {f"epoch/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"}
+        values.update({f"epoch/accuracy/{k}": v for k, v in metrics["per_class_accuracy"].items()})
+        rows = [f"| {LABELS[i]} | " + " | ".join(map(str, row)) + " |" for i, row in enumerate(metrics["confusion"])]
+        table = "\n".join([f"| true \\ predicted | {' | '.join(LABELS)} |", "|---" * (len(LABELS) + 1) + "|", *rows])
+        self.log(values, metrics["step"], {"epoch/confusion": table})
+        self.last = (time.perf_counter(), 0)  # the next epoch counts its rows from 0
+
+    def close(self):
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 # %% ../nbs/03_single_gpu.ipynb #8a65eabff63a45729fe45fb5ade58bdc
 def plot_history(history: list[dict], train_log: list[tuple], path: str | os.PathLike | None = None):

@@ -24,13 +24,13 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from tqdm.auto import tqdm
 
-from distrinews.ddp import init_options, register_comm_hook, replicas_in_sync
+from distrinews.ddp import init_options, peak_gpu_memory, register_comm_hook, replicas_in_sync, step_profiler
 from distrinews.data import LengthGroupedSampler, load_tokenized_splits, loader_options
 from distrinews.train import (
-    autocast, check_config, check_finite_loss, check_finite_weights, checkpoint_dir, clear_errors, config_from_args,
-    epoch_metrics, evaluate_counts, load_model, make_grad_scaler, make_optimizer, make_scheduler, make_weight_average,
-    metrics_from_counts, optimizer_step, per_rank_batch_size, pick_device, pick_precision, prepare_run, resume_from,
-    rng_state, simulate_failure, training_parser, training_state, write_metrics,
+    Tracker, autocast, check_config, check_finite_loss, check_finite_weights, checkpoint_dir, clear_errors,
+    config_from_args, epoch_metrics, evaluate_counts, load_model, make_grad_scaler, make_optimizer, make_scheduler,
+    make_weight_average, metrics_from_counts, optimizer_step, per_rank_batch_size, pick_device, pick_precision,
+    prepare_run, resume_from, rng_state, simulate_failure, training_parser, training_state, write_metrics,
 )  # fmt: skip
 from distrinews.checkpoint import save_checkpoint
 
@@ -56,7 +56,8 @@ def evaluate(model, test_dl, device, precision) -> dict:
     return metrics_from_counts(counts)
 
 
-def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, attach_hook=register_comm_hook):
+def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, report_to="none", profile_steps=0,
+          hook=register_comm_hook):  # fmt: skip
     "Train `cfg` to its last epoch (resuming from its checkpoint if there is one); returns the run's progress."
     rank, world_size = dist.get_rank(), dist.get_world_size()  # which worker this is, of how many
     master_process = rank == 0
@@ -74,7 +75,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, atta
     # a replica on every rank; backward() averages the gradients over the ranks, bucket by bucket, as it goes
     # gradient_as_bucket_view: the gradients live in DDP's communication buckets, one copy less per step
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
-    attach_hook(model, cfg.comm_hook)  # --comm-hook fp16/bf16/powersgd compresses the gradients in flight
+    hook(model, cfg.comm_hook)  # --comm-hook fp16/bf16/powersgd compresses the gradients in flight
     raw_model = model.module  # the model inside the wrapper: what the optimizer steps and the checkpoint holds
     shipped = raw_model if ema is None else ema.module  # what we evaluate and serve
     optimizer = make_optimizer(raw_model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
@@ -82,6 +83,8 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, atta
     scheduler = make_scheduler(optimizer, total_steps, int(cfg.warmup_ratio * total_steps))
     scaler = make_grad_scaler(precision, device)  # fp16 only: scales the loss so that small gradients survive
     run = resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, raw_model, ema, log)
+    tracker = Tracker(cfg, report_to, run.step, rank)  # --report-to: TensorBoard or W&B, from rank 0 only
+    profiler = step_profiler(cfg, profile_steps, rank)  # --profile-steps N: a timeline of N steps, a trace per rank
 
     def save_snapshot():
         "A resumable checkpoint: weights, optimizer, schedule, the place in the data and the random streams."
@@ -94,6 +97,8 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, atta
         dist.barrier()  # no rank goes on (or reads the checkpoint) before it is complete
 
     log(f"{world_size} process(es) x batch {cfg.batch_size} x {cfg.grad_accum} accumulation, {device}, {precision}")
+    if device.type == "cuda":  # every rank's peak memory, gathered (all ranks call it), printed by rank 0
+        log(peak_gpu_memory(device))
     for epoch in range(run.epoch, cfg.epochs):
         sampler.set_epoch(epoch)  # a new shuffle every epoch
         model.train()
@@ -115,11 +120,14 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, atta
             run.batches_done = i + 1
             bar.update()
             if last_micro_batch:
-                optimizer_step(optimizer, scaler, scheduler, raw_model, cfg.max_grad_norm)  # clip, step, zero
+                lr = scheduler.get_last_lr()[0]  # this step's learning rate (optimizer_step moves the schedule on)
+                grad_norm = optimizer_step(optimizer, scaler, scheduler, raw_model, cfg.max_grad_norm)  # clip, step
                 if ema is not None:
                     ema.update_parameters(raw_model)
                 run.step += 1
                 run.train_log.append((run.step, loss.item()))
+                tracker.log_step(run.step, loss.item(), lr, grad_norm, samples * world_size)
+                profiler.step()
                 simulate_failure(fail_at_step, run.step, rank)  # the fault-tolerance demo (--simulate-failure-at-step)
                 if cfg.save_every and run.step % cfg.save_every == 0:
                     save_snapshot()
@@ -134,17 +142,22 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, atta
             live = evaluate(raw_model, test_dl, device, precision)
             metrics.update(live_accuracy=live["accuracy"], live_eval_loss=live["eval_loss"])
         run.history.append(metrics)
+        tracker.log_epoch(metrics)  # logged before the checkpoint: a crash in between logs it again, after a purge
         save_snapshot()
         if master_process:
             print(write_metrics(cfg, run))  # metrics.json, the training curves and a line for this epoch
+        if device.type == "cuda":
+            log(peak_gpu_memory(device))
         if on_epoch_end is not None:  # Optuna prunes a poor trial here, Ray Train reports to its driver
             on_epoch_end(metrics, raw_model)
+    tracker.close()
+    profiler.stop()
     in_sync = replicas_in_sync(raw_model, device)  # the proof that DDP did its job: the same weights on every rank
     log(f"replicas in sync after training: {in_sync}")
     return run
 
 
-def main(argv=None, attach_hook=register_comm_hook):  # attach_hook: notebook 08's own hook, in a benchmark
+def main(argv=None, hook=register_comm_hook):  # hook: a benchmark passes notebook 08's own
     args = training_parser("train_ddp.py").parse_args(argv)
     cfg, device = config_from_args(args), pick_device(local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     if args.check:  # check the configuration and stop: one clear message before any real work
@@ -157,7 +170,7 @@ def main(argv=None, attach_hook=register_comm_hook):  # attach_hook: notebook 08
     try:
         if args.global_batch_size:
             cfg.batch_size = per_rank_batch_size(args.global_batch_size, dist.get_world_size(), cfg.grad_accum)
-        train(cfg, device, resume=args.resume, fail_at_step=args.simulate_failure_at_step, attach_hook=attach_hook)
+        train(cfg, device, args.resume, args.simulate_failure_at_step, None, args.report_to, args.profile_steps, hook)
     finally:
         dist.destroy_process_group()  # also when this rank fails: the others stop waiting for it
 

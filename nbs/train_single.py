@@ -16,12 +16,13 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from tqdm.auto import tqdm
 
+from distrinews.ddp import step_profiler
 from distrinews.data import LengthGroupedSampler, load_tokenized_splits, loader_options
 from distrinews.train import (
-    autocast, check_config, check_finite_loss, check_finite_weights, checkpoint_dir, clear_errors, config_from_args,
-    epoch_metrics, evaluate_counts, load_model, make_grad_scaler, make_optimizer, make_scheduler, make_weight_average,
-    metrics_from_counts, optimizer_step, per_rank_batch_size, pick_device, pick_precision, prepare_run, resume_from,
-    rng_state, simulate_failure, training_parser, training_state, write_metrics,
+    Tracker, autocast, check_config, check_finite_loss, check_finite_weights, checkpoint_dir, clear_errors,
+    config_from_args, epoch_metrics, evaluate_counts, load_model, make_grad_scaler, make_optimizer, make_scheduler,
+    make_weight_average, metrics_from_counts, optimizer_step, per_rank_batch_size, pick_device, pick_precision,
+    prepare_run, resume_from, rng_state, simulate_failure, training_parser, training_state, write_metrics,
 )  # fmt: skip
 from distrinews.checkpoint import save_checkpoint
 
@@ -46,7 +47,7 @@ def evaluate(model, test_dl, device, precision) -> dict:
     return metrics_from_counts(counts)
 
 
-def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None):
+def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, report_to="none", profile_steps=0):
     "Train `cfg` to its last epoch (resuming from its checkpoint if there is one); returns the run's progress."
     rank, world_size = 0, 1  # one process: train_ddp.py gets these two numbers from torchrun
     master_process = rank == 0
@@ -64,6 +65,8 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None):
     scheduler = make_scheduler(optimizer, total_steps, int(cfg.warmup_ratio * total_steps))
     scaler = make_grad_scaler(precision, device)  # fp16 only: scales the loss so that small gradients survive
     run = resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, raw_model, ema, log)
+    tracker = Tracker(cfg, report_to, run.step, rank)  # --report-to: TensorBoard or W&B, from rank 0 only
+    profiler = step_profiler(cfg, profile_steps, rank)  # --profile-steps N: a timeline of N steps, a trace per rank
 
     def save_snapshot():
         "A resumable checkpoint: weights, optimizer, schedule, the place in the data and the random streams."
@@ -93,11 +96,14 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None):
             run.batches_done = i + 1
             bar.update()
             if last_micro_batch:
-                optimizer_step(optimizer, scaler, scheduler, raw_model, cfg.max_grad_norm)  # clip, step, zero
+                lr = scheduler.get_last_lr()[0]  # this step's learning rate (optimizer_step moves the schedule on)
+                grad_norm = optimizer_step(optimizer, scaler, scheduler, raw_model, cfg.max_grad_norm)  # clip, step
                 if ema is not None:
                     ema.update_parameters(raw_model)
                 run.step += 1
                 run.train_log.append((run.step, loss.item()))
+                tracker.log_step(run.step, loss.item(), lr, grad_norm, samples * world_size)
+                profiler.step()
                 simulate_failure(fail_at_step, run.step, rank)  # the fault-tolerance demo (--simulate-failure-at-step)
                 if cfg.save_every and run.step % cfg.save_every == 0:
                     save_snapshot()
@@ -111,11 +117,14 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None):
             live = evaluate(raw_model, test_dl, device, precision)
             metrics.update(live_accuracy=live["accuracy"], live_eval_loss=live["eval_loss"])
         run.history.append(metrics)
+        tracker.log_epoch(metrics)  # logged before the checkpoint: a crash in between logs it again, after a purge
         save_snapshot()
         if master_process:
             print(write_metrics(cfg, run))  # metrics.json, the training curves and a line for this epoch
         if on_epoch_end is not None:  # Optuna prunes a poor trial here, Ray Train reports to its driver
             on_epoch_end(metrics, raw_model)
+    tracker.close()
+    profiler.stop()
     return run
 
 
@@ -126,7 +135,7 @@ def main(argv=None):
         return check_config(cfg, device)
     if args.global_batch_size:
         cfg.batch_size = per_rank_batch_size(args.global_batch_size, 1, cfg.grad_accum)
-    train(cfg, device, resume=args.resume, fail_at_step=args.simulate_failure_at_step)
+    train(cfg, device, args.resume, args.simulate_failure_at_step, None, args.report_to, args.profile_steps)
 
 
 if __name__ == "__main__":

@@ -108,6 +108,7 @@ def probe_checkpoint(checkpoint, tmp_path_factory):
 LONGEST_FIRST = (
     "test_ddp_fault_tolerance.py",
     "test_ddp.py",
+    "test_tracking.py",
     "test_scale.py",
     "test_slurm.py",
     "test_server_http.py",
