@@ -103,8 +103,6 @@ CITED = [
 NOT_FROM_A_BENCHMARK = {
     ("08_debugging_ddp", "30"): "gloo's default process-group timeout (30 minutes), a PyTorch setting",
     ("09_interview_prep", "10"): "an estimate built from the write-up's minutes per epoch (2 epochs on two T4s)",
-    ("11_scale_out", "90.875"): "the median of the finished trials' epoch-2 accuracies in tuning_cpu.json (derived)",
-    ("11_scale_out", "90.21"): "the `cpu` profile with seed 7 on the test rows: a run not yet kept in a results JSON",
 }
 
 NUM = r"\d[\d,]*(?:\.\d+)?"
