@@ -119,3 +119,33 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """A 2-layer BERT with random weights and MiniLM's tokenizer, saved as a model folder (`--model-name`): what the DDP
+    tests (test_ddp, test_run_faults, test_slurm) prove is the same for any encoder, and a 4 MB model writes each of
+    the many snapshots in milliseconds where MiniLM's (90 MB of weights, twice that of optimizer state) takes a second.
+    The fault-tolerance test keeps MiniLM: its kill must land inside a snapshot write."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from distrinews.model import OFFLINE_ENCODER, load_tokenizer
+
+    folder = tmp_path_factory.mktemp("encoder")
+    tokenizer = load_tokenizer(OFFLINE_ENCODER)
+    torch.manual_seed(0)
+    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    BertModel(BertConfig(vocab_size=tokenizer.vocab_size, **shape)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+class Payload:
+    "Unpickling this calls Path.touch(marker): a stand-in for any code an attacker would run."
+
+    def __init__(self, marker):
+        self.marker = Path(marker)
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))

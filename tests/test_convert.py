@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import Payload
 
 from distrinews.convert import convert_reference_checkpoint, load_reference_checkpoint, main
 from distrinews.inference import InvalidCheckpointError, load_classifier
@@ -16,16 +17,6 @@ from distrinews.model import LABELS, OFFLINE_ENCODER, RANDOM_DISTILBERT, build_c
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Payload:
-    "Unpickling this calls Path.touch(marker): a stand-in for any code an attacker would run."
-
-    def __init__(self, marker):
-        self.marker = Path(marker)
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
 
 
 class NewsClassifier(torch.nn.Module):

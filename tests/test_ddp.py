@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, run_job, saved_weights
 
 from distrinews.ddp import free_port
@@ -44,25 +43,6 @@ TINY = [
     "--eval-batch-size",
     "16",
 ]
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
-    """A 2-layer BERT with random weights and MiniLM's tokenizer, saved as a model folder (`--model-name`): what these
-    tests prove is the same for any encoder, and a 4 MB model writes each of the many snapshots here in milliseconds
-    where MiniLM's (90 MB of weights, twice that of optimizer state) takes a second. The fault-tolerance test keeps
-    MiniLM: its kill must land inside a snapshot write."""
-    from transformers import BertConfig, BertModel
-
-    from distrinews.model import OFFLINE_ENCODER, load_tokenizer
-
-    folder = tmp_path_factory.mktemp("encoder")
-    tokenizer = load_tokenizer(OFFLINE_ENCODER)
-    torch.manual_seed(0)
-    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    BertModel(BertConfig(vocab_size=tokenizer.vocab_size, **shape)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def weights_initial(encoder):

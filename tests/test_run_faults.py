@@ -142,20 +142,3 @@ def test_resuming_with_another_number_of_workers_is_refused(tmp_path, encoder):
         assert lines and "--nproc_per_node=2" in lines[0] and "--fresh" in lines[0], p.stderr[-3000:]
     p = torchrun(1, tmp_path, "--model-name", encoder, "--fresh")
     assert p.returncode == 0 and "Test accuracy" in p.stdout, p.stderr[-3000:]
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
-    "A 2-layer BERT with random weights and MiniLM's tokenizer (as in test_ddp.py): a quick model for torchrun jobs."
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from distrinews.model import OFFLINE_ENCODER, load_tokenizer
-
-    folder = tmp_path_factory.mktemp("encoder")
-    tokenizer = load_tokenizer(OFFLINE_ENCODER)
-    torch.manual_seed(0)
-    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    BertModel(BertConfig(vocab_size=tokenizer.vocab_size, **shape)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder

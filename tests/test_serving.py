@@ -18,6 +18,7 @@ import pytest
 import safetensors.torch
 import torch
 import uvicorn
+from conftest import Payload
 from fastapi.testclient import TestClient
 
 from distrinews import inference
@@ -45,16 +46,6 @@ SMALL = dict(
     max_body_bytes=2048,
     batch_wait_ms=2,
 )
-
-
-class Payload:
-    "Unpickling this calls Path.touch(marker): a stand-in for any code an attacker would run."
-
-    def __init__(self, marker):
-        self.marker = Path(marker)
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
 
 
 @pytest.fixture(scope="module")

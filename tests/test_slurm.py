@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, run_job, saved_weights
-from test_ddp import TINY, encoder  # noqa: F401   (encoder: the tiny BERT fixture both runs train)
+from test_ddp import TINY
 
 from distrinews.ddp import free_port
 
@@ -123,7 +123,7 @@ def sbatch(env, out_file, *args, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def test_sbatch_job_equals_torchrun(slurm, encoder, tmp_path):  # noqa: F811   (encoder: the imported fixture)
+def test_sbatch_job_equals_torchrun(slurm, encoder, tmp_path):
     tiny = [*TINY, "--model-name", encoder, "--batch-size", "8"]
     job = sbatch(slurm, tmp_path / "job.out", *tiny, "--output-dir", tmp_path / "slurm")
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
