@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import JOB_ENV, TORCHRUN, TRAIN_DDP, run_job
-from test_ddp import TINY, encoder  # noqa: F401  (encoder: the tiny model fixture)
+from test_ddp import TINY
 
 pytestmark = pytest.mark.slow  # a torchrun job
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
@@ -37,7 +37,7 @@ def wandb_history(run_file: Path) -> list[dict]:
     return rows
 
 
-def test_rank_0_tracks_a_restarted_run_once(tmp_path, encoder):  # noqa: F811
+def test_rank_0_tracks_a_restarted_run_once(tmp_path, encoder):
     out = tmp_path / "run"
     report_to = "tensorboard,wandb" if HAS_WANDB else "tensorboard"
     # 2 epochs of 6 steps, a snapshot every 2 steps; rank 1 dies at step 9 (rank 0 has logged step 9 by then): the
@@ -135,7 +135,7 @@ def ddp_buckets(model_name) -> int:
         dist.destroy_process_group()
 
 
-def test_profile_steps_trace_each_bucket_on_each_rank(tmp_path, encoder):  # noqa: F811
+def test_profile_steps_trace_each_bucket_on_each_rank(tmp_path, encoder):
     from distrinews.ddp import ddp_timeline, plot_timeline
 
     out = tmp_path / "run"
