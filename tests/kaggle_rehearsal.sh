@@ -18,8 +18,9 @@
 #   closed local port, so a download that slips in fails at once instead of waiting;
 # - data and model only as attached inputs in a Kaggle-style input folder (DISTRINEWS_KAGGLE_INPUT stands for
 #   /kaggle/input): AG News in the Kaggle dataset's layout, and the MiniLM encoder (a distilbert-base-uncased download
-#   is what this machine cannot do; DISTRINEWS_MODEL_NAME and DISTRINEWS_TRAIN_SIZE etc. name the encoder and tiny sizes, as a
-#   learner may);
+#   is what this machine cannot do; DISTRINEWS_MODEL_NAME names the encoder, and DISTRINEWS_TRAIN_SIZE etc. a tiny run
+#   with MiniLM's settings, as a learner may: one epoch of 512 rows at lr 1e-4 in batches of 16, 32 steps, which is
+#   what 04's and 05's checks of a trained model need; 256 rows or 16 steps at the kaggle profile's lr stay at chance);
 # - 04's checkpoint reaches 05 and 06 only as Kaggle passes it: 04's working folder attached as a notebook output.
 # A notebook whose output mentions this clone's path has found the clone, and fails.
 set -euo pipefail
@@ -55,8 +56,9 @@ session() {  # a fresh Kaggle session (env -i: nothing of this shell's comes alo
     DISTRINEWS_KAGGLE_INPUT="$tmp/input" "${online[@]}" PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null \
     PIP_DISABLE_PIP_VERSION_CHECK=1 HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_ETAG_TIMEOUT=2 HF_HUB_DOWNLOAD_TIMEOUT=2 \
     ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} ${OMP_WAIT_POLICY:+OMP_WAIT_POLICY=$OMP_WAIT_POLICY} \
-    DISTRINEWS_MODEL_NAME=sentence-transformers/all-MiniLM-L6-v2 DISTRINEWS_TRAIN_SIZE=512 DISTRINEWS_TEST_SIZE=256 \
-    DISTRINEWS_MAX_LENGTH=64 DISTRINEWS_EVAL_BATCH_SIZE=64 \
+    DISTRINEWS_MODEL_NAME=sentence-transformers/all-MiniLM-L6-v2 DISTRINEWS_TRAIN_SIZE=512 DISTRINEWS_EPOCHS=1 \
+    DISTRINEWS_BATCH_SIZE=16 DISTRINEWS_LR=1e-4 DISTRINEWS_TEST_SIZE=128 DISTRINEWS_MAX_LENGTH=64 \
+    DISTRINEWS_EVAL_BATCH_SIZE=64 \
     "$@"
 }
 
