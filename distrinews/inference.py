@@ -6,33 +6,28 @@
 from __future__ import annotations
 
 import collections
-import hashlib
-import json
 import os
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 
-from distrinews.model import (
-    LABELS,
-    OFFLINE_ENCODER,
-    build_classifier,
-    load_tokenizer,
-    native_bf16,
-    pick_device,
-    predict,
-    use_pooling,
+from distrinews.convert import (  # notebook 13's checks, demo checkpoint and `pick_checkpoint` (also imported here)
+    InvalidCheckpointError,  # noqa: F401
+    NoCheckpointError,  # noqa: F401
+    _read_json,
+    check_checkpoint_dir,
+    load_strict,
+    make_demo_checkpoint,  # noqa: F401
+    pick_checkpoint,  # noqa: F401
+    weights_digest,  # noqa: F401
 )
+from .model import native_bf16, pick_device, predict, use_pooling
 
 # %% auto #0
-__all__ = ['PROBE_TEXTS', 'CHECKPOINT_HINT', 'Classifier', 'choose_dtype', 'make_demo_checkpoint', 'InvalidCheckpointError',
-           'check_checkpoint_dir', 'weights_digest', 'nonfinite_tensors', 'load_strict', 'load_classifier',
-           'QueueFullError', 'MicroBatcher', 'NoCheckpointError', 'pick_checkpoint']
+__all__ = ['PROBE_TEXTS', 'Classifier', 'choose_dtype', 'load_classifier', 'QueueFullError', 'MicroBatcher']
 
 # %% ../nbs/05_inference.ipynb #679b8667
 @dataclass
@@ -104,127 +99,6 @@ def choose_dtype(
     gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(ref, low) for k in a["probabilities"])
     return torch.bfloat16, f"bf16: same labels as fp32 on {len(probes)} probe texts (max probability change {gap:.3f})"
 
-# %% ../nbs/05_inference.ipynb #0ce389de
-def _quiet_transformers():
-    "No progress bars or 'newly initialized weights' warnings from transformers (servers and notebooks stay readable)."
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-def make_demo_checkpoint(
-    path: str | os.PathLike, model_name: str = OFFLINE_ENCODER, seed: int = 0, max_length: int = 128
-) -> Path:
-    "Write an untrained classifier in the training checkpoint format to `path` (for demos and tests)."
-    _quiet_transformers()
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    build_classifier(model_name, seed=seed).save_pretrained(path)
-    load_tokenizer(model_name).save_pretrained(path)
-    run_config = dict(name="demo-untrained", model_name=model_name, max_length=max_length, profile="demo", seed=seed)
-    (path / "run_config.json").write_text(json.dumps(run_config, indent=1))
-    return path
-
-# %% ../nbs/05_inference.ipynb #21941852
-class InvalidCheckpointError(ValueError):
-    "A path that cannot be served as a classifier; the message says what is missing and what to do."
-
-
-CHECKPOINT_HINT = (
-    "Expected a folder written by `model.save_pretrained(dir)` and `tokenizer.save_pretrained(dir)` "
-    "(config.json, model.safetensors, tokenizer files), e.g. runs/cpu/checkpoint from train_ddp.py."
-)
-
-
-def _read_json(path: Path) -> dict:
-    "The JSON object in file `path`; {} where there is none."
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-# %% ../nbs/05_inference.ipynb #f9243179
-def check_checkpoint_dir(path: str | os.PathLike) -> Path:
-    "`path` as a `Path` if it looks like a servable checkpoint folder, else an `InvalidCheckpointError` saying why."
-    path = Path(path).expanduser()
-    has = lambda *names: any((path / name).is_file() for name in names)
-    holds = lambda: ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
-    if path.is_file() and path.suffix in (".pt", ".pth"):
-        why = (
-            "is a single .pt file (the original write-up's format); the loader serves checkpoint folders. Convert "
-            f"it first: python -m distrinews.convert {path} OUT_DIR (notebook 13)."
-        )
-    elif not path.is_dir():
-        why = f"{'is a file, not a folder' if path.exists() else 'does not exist'}. {CHECKPOINT_HINT}"
-    elif not has("config.json"):
-        why = f"has no config.json (it holds {holds()}). {CHECKPOINT_HINT}"
-    elif "model_type" not in _read_json(path / "config.json"):
-        why = "has a config.json that is not valid JSON or has no `model_type`: not a Hugging Face model config."
-    elif not has("model.safetensors"):
-        why = f"has no model.safetensors (it holds {holds()}); the server loads weights from safetensors only."
-        if has("pytorch_model.bin"):
-            why += (
-                " Its pytorch_model.bin, a pickle file, is never opened: re-save it with `model.save_pretrained(dir)`"
-            )
-            why += " (safetensors is the default) on a machine where you trust that file."
-    elif not has("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
-        why = "has model weights but no tokenizer files: save them beside it with `tokenizer.save_pretrained(dir)`."
-    else:
-        return path
-    raise InvalidCheckpointError(f"Checkpoint {path} {why}")
-
-# %% ../nbs/05_inference.ipynb #9af2c0d8
-def weights_digest(path: str | os.PathLike, n: int = 12) -> str:
-    "The model version: the first `n` hex digits of the SHA-256 of the checkpoint's model.safetensors."
-    return hashlib.sha256((Path(path) / "model.safetensors").read_bytes()).hexdigest()[:n]
-
-# %% ../nbs/05_inference.ipynb #a1f0c004
-def _few(names: list[str], n: int = 3) -> str:
-    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
-
-
-def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
-    "Names of the floating-point tensors in `state` that hold a NaN or an infinity."
-    return [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
-
-# %% ../nbs/05_inference.ipynb #efe02326
-def load_strict(path: Path):
-    """The classifier in checkpoint folder `path`, built by transformers from config.json and model.safetensors read
-    into memory; refused unless its outputs are the four AG News labels and every tensor was in the file (none missing,
-    left over or of another shape), finite."""
-    from transformers import AutoModelForSequenceClassification as Auto
-
-    try:  # safetensors only; read, not memory-mapped; unknown shapes reported in `info`, not raised
-        kw = dict(use_safetensors=True, disable_mmap=True, local_files_only=True, ignore_mismatched_sizes=True)
-        model, info = Auto.from_pretrained(path, output_loading_info=True, **kw)
-    except Exception as e:  # an unknown architecture, a config that is not JSON, weights that are not safetensors...
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        bad_file = "model.safetensors is not a valid safetensors file: " if isinstance(e, SafetensorError) else ""
-        raise InvalidCheckpointError(f"Could not load the checkpoint in {path}: {bad_file}{first}") from None
-    config, where = model.config, f"{path}/config.json"
-    if (labels := [config.id2label.get(i) for i in range(config.num_labels)]) != LABELS:
-        raise InvalidCheckpointError(
-            f"{where} labels its {config.num_labels} outputs {labels}, not {LABELS}: it is not an AG News classifier "
-            "of this course. Serve a checkpoint that train_single.py or train_ddp.py (notebook 03/04) wrote."
-        )
-    names = list(model.state_dict())
-    missing, extra = [k for k in names if k in info["missing_keys"]], sorted(info["unexpected_keys"])
-    shapes = [f"{k} {tuple(got)}, not {tuple(want)}" for k, got, want in sorted(info["mismatched_keys"])]
-    found = [f"{len(missing)} of its {len(names)} tensors are missing ({_few(missing)})"] if missing else []
-    found += [f"{len(extra)} tensors are not part of it ({_few(extra)})"] if extra else []
-    found += [f"{len(shapes)} have another shape ({_few(shapes)})"] if shapes else []
-    if found:
-        raise InvalidCheckpointError(
-            f"{path}: the weights are not those of the {type(model).__name__} its config.json describes "
-            f"(model_type {config.model_type!r}): {'; '.join(found)}. Serving it would answer with freshly "
-            "initialised weights; serve the folder training wrote (config and weights saved together)."
-        )
-    if bad := nonfinite_tensors(model.state_dict()):
-        raise InvalidCheckpointError(f"{path}: NaN or Inf values in {len(bad)} of its weight tensors ({_few(bad)}).")
-    return model
-
 # %% ../nbs/05_inference.ipynb #bcab0312
 def load_classifier(
     path: str | os.PathLike,
@@ -232,25 +106,9 @@ def load_classifier(
     dtype: str = "auto",
     max_length: int | None = None,
 ) -> Classifier:
-    "A `Classifier` from a checkpoint folder: checked, its weights built strictly in memory, the precision chosen."
-    from transformers import AutoTokenizer
-
-    _quiet_transformers()
+    "A `Classifier` from a checkpoint folder: checked and built strictly in memory (notebook 13), the precision chosen."
     device, path = pick_device(device), check_checkpoint_dir(path)
-    version, sealed = weights_digest(path, 64), _read_json(path / "manifest.json").get("files")
-    if isinstance(sealed, dict) and sealed.get("model.safetensors", version) != version:
-        raise InvalidCheckpointError(
-            f"{path}/model.safetensors is not the file training wrote: its SHA-256 differs from the one in "
-            "manifest.json (a partial copy, a damaged disk, another run writing into the folder). Serve an intact copy."
-        )
-    model = load_strict(path)
-    if weights_digest(path, 64) != version:  # the version names exactly the weights that were loaded
-        raise InvalidCheckpointError(f"{path}/model.safetensors changed while it was loaded: load it again.")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise InvalidCheckpointError(f"Could not load the tokenizer in {path}: {type(e).__name__}: {first}") from None
+    model, tokenizer, version = load_strict(path)
     use_pooling(model)  # the head reads what it was trained on (config.distrinews_pooling)
     run = _read_json(path / "run_config.json")
     max_length = max_length or int(run.get("max_length") or min(tokenizer.model_max_length, 512))
@@ -260,7 +118,7 @@ def load_classifier(
     chosen, why = choose_dtype(model, tokenizer, device, dtype, max_length=max_length)
     info = dict(base_model=run.get("model_name") or model.config.model_type, dtype_reason=why, path=str(path))
     info["metrics"] = _read_json(path / "metrics.json")
-    return Classifier(model, tokenizer, device, chosen, max_length, name=name, version=version[:12], info=info)
+    return Classifier(model, tokenizer, device, chosen, max_length, name=name, version=version, info=info)
 
 # %% ../nbs/05_inference.ipynb #a522e998
 class QueueFullError(RuntimeError):
@@ -411,35 +269,3 @@ def _refuse_queued(self: MicroBatcher):
 
 
 MicroBatcher.close, MicroBatcher._refuse_queued = _close, _refuse_queued
-
-# %% ../nbs/05_inference.ipynb #2fb1b841
-class NoCheckpointError(FileNotFoundError):
-    "No trained checkpoint in reach, where serving an untrained one would mislead (a Kaggle session)."
-
-
-def pick_checkpoint(
-    checkpoint: str | os.PathLike | None = None, profile: str | None = None, root: str | os.PathLike | None = None
-) -> Path | None:
-    """The checkpoint a serving notebook uses: `checkpoint` if given, else the profile's training checkpoint (in its
-    `run_folder` under `root`, or notebook 04's output attached to this Kaggle session); not for the smoke profile,
-    whose tests serve a demo. None means the untrained demo checkpoint, and the caller says so; on Kaggle, where nobody
-    would want that, it stops instead, saying how to attach notebook 04's checkpoint."""
-    from distrinews.kaggle import find_attached_checkpoint, input_root
-    from distrinews.model import get_config, run_folder, running_on
-
-    if checkpoint is not None:
-        return Path(checkpoint)
-    cfg, found = get_config(profile), None
-    if cfg.profile != "smoke":
-        here = run_folder(cfg, root) / "checkpoint"
-        found = here if (here / "config.json").exists() else find_attached_checkpoint(cfg.output_dir)
-    if found is None and running_on() == "kaggle":
-        folder = Path(cfg.output_dir) / "checkpoint"
-        raise NoCheckpointError(
-            f"No trained checkpoint in reach: this session's working folder has no {folder}, and no notebook output "
-            f"attached under {input_root()} holds one. Each Kaggle notebook runs in a session of its own. Run notebook "
-            "04 with Save Version (Save & Run All) so that Kaggle keeps its output, then attach that output here (Add "
-            "Input > Your Work > Notebooks > 04) and run this notebook again; or set `checkpoint` in the parameters "
-            "cell to a checkpoint folder. (An untrained model would answer with guesses.)"
-        )
-    return found
