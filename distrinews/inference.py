@@ -6,34 +6,28 @@
 from __future__ import annotations
 
 import collections
-import hashlib
-import json
 import os
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import safetensors.torch
 import torch
 
-from distrinews.model import (
-    LABELS,
-    OFFLINE_ENCODER,
-    build_classifier,
-    load_tokenizer,
-    native_bf16,
-    pick_device,
-    predict,
-    use_pooling,
+from distrinews.convert import (  # notebook 13's checks, demo checkpoint and `pick_checkpoint` (also imported here)
+    InvalidCheckpointError,  # noqa: F401
+    NoCheckpointError,  # noqa: F401
+    _read_json,
+    check_checkpoint_dir,
+    load_strict,
+    make_demo_checkpoint,  # noqa: F401
+    pick_checkpoint,  # noqa: F401
+    weights_digest,  # noqa: F401
 )
+from .model import native_bf16, pick_device, predict, use_pooling
 
 # %% auto #0
-__all__ = ['PROBE_TEXTS', 'WEIGHT_FILES', 'PICKLE_WEIGHT_FILES', 'CHECKPOINT_HINT', 'NO_CHECKPOINT_MESSAGE', 'Classifier',
-           'choose_dtype', 'make_demo_checkpoint', 'InvalidCheckpointError', 'check_checkpoint_dir', 'read_weights',
-           'weights_digest', 'nonfinite_tensors', 'check_labels', 'build_strict', 'load_classifier', 'QueueFullError',
-           'MicroBatcher', 'NoCheckpointError', 'default_checkpoint', 'pick_checkpoint']
+__all__ = ['PROBE_TEXTS', 'Classifier', 'choose_dtype', 'load_classifier', 'QueueFullError', 'MicroBatcher']
 
 # %% ../nbs/05_inference.ipynb #679b8667
 @dataclass
@@ -63,18 +57,9 @@ class Classifier:
         "One dict per text, in input order: `label`, `confidence` and `probabilities` (every label)."
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("predict_batch expects a list of strings")
-        if not texts:
-            return []
         with self._lock:
-            return predict(
-                self.model,
-                self.tokenizer,
-                list(texts),
-                batch_size=self.batch_size,
-                max_length=self.max_length,
-                device=self.device,
-                dtype=self.dtype,
-            )
+            args = self.batch_size, self.max_length, self.device, self.dtype
+            return predict(self.model, self.tokenizer, list(texts), *args) if texts else []
 
     def predict(self, text: str) -> dict:
         "Label, confidence and all probabilities for one text."
@@ -114,194 +99,6 @@ def choose_dtype(
     gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(ref, low) for k in a["probabilities"])
     return torch.bfloat16, f"bf16: same labels as fp32 on {len(probes)} probe texts (max probability change {gap:.3f})"
 
-# %% ../nbs/05_inference.ipynb #0ce389de
-def _quiet_transformers():
-    "No progress bars or 'newly initialized weights' warnings from transformers (servers and notebooks stay readable)."
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-def make_demo_checkpoint(
-    path: str | os.PathLike, model_name: str = OFFLINE_ENCODER, seed: int = 0, max_length: int = 128
-) -> Path:
-    "Write an untrained classifier in the training checkpoint format to `path` (for demos and tests)."
-    _quiet_transformers()
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    build_classifier(model_name, seed=seed).save_pretrained(path)
-    load_tokenizer(model_name).save_pretrained(path)
-    run_config = dict(name="demo-untrained", model_name=model_name, max_length=max_length, profile="demo", seed=seed)
-    (path / "run_config.json").write_text(json.dumps(run_config, indent=1))
-    return path
-
-# %% ../nbs/05_inference.ipynb #21941852
-class InvalidCheckpointError(ValueError):
-    "A path that cannot be served as a classifier; the message says what is missing and what to do."
-
-
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
-PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-CHECKPOINT_HINT = (
-    "Expected a folder written by `model.save_pretrained(dir)` and `tokenizer.save_pretrained(dir)` "
-    "(config.json, model.safetensors, tokenizer files), e.g. runs/cpu/checkpoint from train_ddp.py."
-)
-
-
-def _listing(path: Path, n: int = 8) -> str:
-    names = sorted(p.name for p in path.iterdir())
-    return ", ".join(names[:n]) + (f", ... ({len(names)} entries)" if len(names) > n else "") if names else "nothing"
-
-# %% ../nbs/05_inference.ipynb #f9243179
-def check_checkpoint_dir(path: str | os.PathLike) -> Path:
-    "`path` as a `Path` if it looks like a servable checkpoint folder, else an `InvalidCheckpointError` saying why."
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise InvalidCheckpointError(f"Checkpoint {path} does not exist. {CHECKPOINT_HINT}")
-    if path.is_file() and path.suffix in (".pt", ".pth"):
-        raise InvalidCheckpointError(
-            f"Checkpoint {path} is a single .pt file (the original write-up's format); the loader serves checkpoint "
-            f"folders. Convert it first: python -m distrinews.convert {path} OUT_DIR (notebook 13)."
-        )
-    if not path.is_dir():
-        raise InvalidCheckpointError(f"Checkpoint {path} is a file, not a folder. {CHECKPOINT_HINT}")
-    if not (path / "config.json").is_file():
-        raise InvalidCheckpointError(
-            f"{path} is not a checkpoint: it has no config.json (it holds {_listing(path)}). {CHECKPOINT_HINT}"
-        )
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidCheckpointError(f"{path}/config.json is not valid JSON ({e}).") from None
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise InvalidCheckpointError(f"{path}/config.json has no `model_type`: not a Hugging Face model config.")
-    if not any((path / f).is_file() for f in WEIGHT_FILES):
-        pickled = [f for f in PICKLE_WEIGHT_FILES if (path / f).is_file()]
-        extra = (
-            f" It has {pickled[0]}, a pickle file; re-save it with `model.save_pretrained(dir)` (safetensors is the "
-            "default) on a machine where you trust that file."
-            if pickled
-            else ""
-        )
-        raise InvalidCheckpointError(
-            f"{path} has no model.safetensors (it holds {_listing(path)}).{extra} "
-            "The server loads weights from safetensors only."
-        )
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
-        raise InvalidCheckpointError(
-            f"{path} has model weights but no tokenizer files: save them beside the model "
-            "with `tokenizer.save_pretrained(dir)`."
-        )
-    return path
-
-# %% ../nbs/05_inference.ipynb #9af2c0d8
-def _weight_files(path: Path) -> list[Path]:
-    "The safetensors file(s) of a checkpoint folder: model.safetensors, or the shards its index lists."
-    index = path / "model.safetensors.index.json"
-    if not index.is_file():
-        return [path / "model.safetensors"]
-    try:
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-        raise InvalidCheckpointError(f"{index} is not a safetensors index (it has no weight_map).") from None
-    return [path / name for name in shards]
-
-
-def read_weights(path: str | os.PathLike, n: int = 12) -> tuple[dict[str, torch.Tensor], str]:
-    """Every tensor in the checkpoint's safetensors file(s), read into memory, and a short sha256 of exactly the bytes
-    that were read: the model version. Where training left a `manifest.json`, the bytes must match it."""
-    path, h, state = Path(path), hashlib.sha256(), {}
-    sealed = _read_json(path / "manifest.json").get("files")  # the SHA-256 of each file, as training wrote it
-    for f in _weight_files(path):
-        try:
-            data = f.read_bytes()  # the whole file, once: later changes to it cannot reach the served model
-        except OSError as e:
-            raise InvalidCheckpointError(f"Could not read {f}: {e.strerror}.") from None
-        h.update(data)
-        if isinstance(sealed, dict) and sealed.get(f.name) and hashlib.sha256(data).hexdigest() != sealed[f.name]:
-            raise InvalidCheckpointError(
-                f"{f} is not the file training wrote: its SHA-256 differs from the one in manifest.json (a partial "
-                "copy, a damaged disk, another run writing into the folder). Serve an intact copy."
-            )
-        try:
-            state.update(safetensors.torch.load(data))  # tensors that own their memory, not a view of the file
-        except Exception as e:  # truncated, or not safetensors at all
-            raise InvalidCheckpointError(
-                f"Could not load the checkpoint in {path}: {f.name} is not a valid safetensors file ({e})."
-            ) from None
-    return state, h.hexdigest()[:n]
-
-
-def weights_digest(path: str | os.PathLike, n: int = 12) -> str:
-    "The version `read_weights` gives a checkpoint folder, from its files as they are now."
-    h = hashlib.sha256()
-    for f in _weight_files(Path(path)):
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:n]
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-# %% ../nbs/05_inference.ipynb #a1f0c004
-def _few(names: list[str], n: int = 3) -> str:
-    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
-
-
-def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
-    "Names of the floating-point tensors in `state` that hold a NaN or an infinity."
-    return [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
-
-
-def check_labels(config, where: str) -> None:
-    "An `InvalidCheckpointError` unless the model's outputs are this course's four AG News labels, in order."
-    labels = [config.id2label.get(i) for i in range(config.num_labels)]
-    if labels != LABELS:
-        raise InvalidCheckpointError(
-            f"{where} labels its {config.num_labels} outputs {labels}, not {LABELS}: it is not an AG News classifier "
-            "of this course. Serve a checkpoint that train_single.py or train_ddp.py (notebook 03/04) wrote."
-        )
-
-# %% ../nbs/05_inference.ipynb #efe02326
-def build_strict(config, state: dict[str, torch.Tensor], where: str):
-    """The sequence classifier `config` describes, built by transformers' loader from the tensors in `state` (no file
-    is read), refused where one of its tensors is missing (it would be freshly initialised), left over, of another
-    shape, or holds NaN or Inf."""
-    from transformers import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING as CLASSIFIERS
-
-    if type(config) not in CLASSIFIERS:
-        raise InvalidCheckpointError(f"{where}: transformers has no sequence classifier for {config.model_type!r}.")
-    try:
-        model, info = CLASSIFIERS[type(config)].from_pretrained(
-            None, config=config, state_dict=state, output_loading_info=True, ignore_mismatched_sizes=True
-        )
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise InvalidCheckpointError(f"{where}: no classifier can be built from its config.json ({first}).") from None
-    names = list(model.state_dict())
-    missing = [k for k in names if k in info["missing_keys"]]
-    extra = sorted(info["unexpected_keys"])
-    shapes = [f"{k} {tuple(got)}, not {tuple(want)}" for k, got, want in sorted(info["mismatched_keys"])]
-    if missing or extra or shapes:
-        found = [f"{len(missing)} of its {len(names)} tensors are missing ({_few(missing)})"] if missing else []
-        found += [f"{len(extra)} tensors are not part of it ({_few(extra)})"] if extra else []
-        found += [f"{len(shapes)} have another shape ({_few(shapes)})"] if shapes else []
-        raise InvalidCheckpointError(
-            f"{where}: the weights are not those of the {type(model).__name__} its config.json describes "
-            f"(model_type {config.model_type!r}): {'; '.join(found)}. Serving it would answer with freshly "
-            "initialised weights; serve the folder training wrote (config and weights saved together)."
-        )
-    if bad := nonfinite_tensors(state):
-        raise InvalidCheckpointError(f"{where}: NaN or Inf values in {len(bad)} of its weight tensors ({_few(bad)}).")
-    return model
-
 # %% ../nbs/05_inference.ipynb #bcab0312
 def load_classifier(
     path: str | os.PathLike,
@@ -309,38 +106,18 @@ def load_classifier(
     dtype: str = "auto",
     max_length: int | None = None,
 ) -> Classifier:
-    "A `Classifier` from a checkpoint folder: weights read once from safetensors, built strictly, precision chosen."
-    from transformers import AutoConfig, AutoTokenizer
-
-    _quiet_transformers()
-    device = pick_device(device)
-    path = check_checkpoint_dir(path)
-    state, version = read_weights(path)  # in memory, hashed once: the version names what is served
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a config for an unknown architecture, broken tokenizer files, ...: one clear line
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise InvalidCheckpointError(f"Could not load the checkpoint in {path}: {type(e).__name__}: {first}") from e
-    check_labels(config, f"{path}/config.json")
-    model = build_strict(config, state, str(path))
-    del state
+    "A `Classifier` from a checkpoint folder: checked and built strictly in memory (notebook 13), the precision chosen."
+    device, path = pick_device(device), check_checkpoint_dir(path)
+    model, tokenizer, version = load_strict(path)
     use_pooling(model)  # the head reads what it was trained on (config.distrinews_pooling)
-    run_config, name = _read_json(path / "run_config.json"), path.name
-    if max_length is None:
-        max_length = int(run_config.get("max_length") or min(tokenizer.model_max_length, 512))
-    if run_config.get("name"):
-        name = str(run_config["name"])
-    elif run_config.get("model_name"):
-        name = str(run_config["model_name"]).rstrip("/").split("/")[-1] + "-agnews"
+    run = _read_json(path / "run_config.json")
+    max_length = max_length or int(run.get("max_length") or min(tokenizer.model_max_length, 512))
+    base = str(run.get("model_name") or "").rstrip("/").split("/")[-1]
+    name = str(run.get("name") or (base and f"{base}-agnews") or path.name)
     model.to(device).eval().requires_grad_(False)
     chosen, why = choose_dtype(model, tokenizer, device, dtype, max_length=max_length)
-    info = dict(
-        base_model=run_config.get("model_name") or model.config.model_type,
-        dtype_reason=why,
-        path=str(path),
-        metrics=_read_json(path / "metrics.json"),
-    )
+    info = dict(base_model=run.get("model_name") or model.config.model_type, dtype_reason=why, path=str(path))
+    info["metrics"] = _read_json(path / "metrics.json")
     return Classifier(model, tokenizer, device, chosen, max_length, name=name, version=version, info=info)
 
 # %% ../nbs/05_inference.ipynb #a522e998
@@ -351,12 +128,6 @@ class QueueFullError(RuntimeError):
         super().__init__(message)
         self.retry_after = retry_after
 
-
-@dataclass(eq=False)  # jobs are told apart by identity
-class _Job:
-    items: list
-    future: Future
-
 # %% ../nbs/05_inference.ipynb #c077337d
 class MicroBatcher:
     "Groups concurrently submitted jobs into single calls of `fn(items) -> results` on one worker thread."
@@ -364,23 +135,12 @@ class MicroBatcher:
     def __init__(self, fn, max_batch_size=32, max_wait_ms=5.0, queue_limit=256, retry_after=1.0, name="micro-batcher"):
         if max_batch_size < 1 or queue_limit < 1 or max_wait_ms < 0:
             raise ValueError("max_batch_size and queue_limit must be >= 1 and max_wait_ms >= 0")
-        self.fn, self.max_batch_size, self.max_wait, self.queue_limit = (
-            fn,
-            max_batch_size,
-            max_wait_ms / 1000,
-            queue_limit,
-        )
-        self.retry_after, self.name = retry_after, name
-        self._queue: collections.deque[_Job] = collections.deque()
-        self._queued = 0  # items waiting (not yet running)
-        self._cond = threading.Condition()
-        self._stopping, self._closing, self._thread = False, False, None
-        self._last_batch = max_batch_size  # texts in the last batch: how many to wait for next time
+        self.fn, self.max_batch_size, self.max_wait = fn, max_batch_size, max_wait_ms / 1000
+        self.queue_limit, self.retry_after, self.name = queue_limit, retry_after, name
+        self._queue: collections.deque[Future] = collections.deque()  # the jobs: futures that carry their `.items`
+        self._cond, self._thread, self._stopping, self._closing = threading.Condition(), None, False, False
+        self.queued, self._last_batch = 0, max_batch_size  # items waiting; items in the last batch
         self.stats = dict(batches=0, items=0, largest_batch=0, rejected=0, cancelled=0)
-
-    @property
-    def queued(self) -> int:
-        return self._queued
 
     def start(self) -> MicroBatcher:
         "Start the worker thread (idempotent)."
@@ -397,8 +157,7 @@ class MicroBatcher:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def __enter__(self):
-        return self.start()
+    __enter__ = start
 
     def __exit__(self, *exc):
         self.stop()
@@ -406,65 +165,55 @@ class MicroBatcher:
 # %% ../nbs/05_inference.ipynb #27f4ae91
 def _submit(self: MicroBatcher, items: list) -> Future:
     "Queue `items` (a list); the future resolves to their results, in order. Raises `QueueFullError` when full."
-    items, fut = list(items), Future()
-    if not items:
-        fut.set_result([])
-        return fut
+    job = Future()
+    job.items = list(items)
+    if not job.items:
+        job.set_result([])
+        return job
     with self._cond:
         if self._stopping:
             raise RuntimeError(f"{self.name} is stopped")
-        if self._closing:
+        if self._closing or self.queued + len(job.items) > self.queue_limit:
             self.stats["rejected"] += 1
-            raise QueueFullError(f"server is shutting down; retry in {self.retry_after:g} s", self.retry_after)
-        if self._queued + len(items) > self.queue_limit:
-            self.stats["rejected"] += 1
-            raise QueueFullError(
-                f"server busy: {self._queued} texts are waiting (queue limit "
-                f"{self.queue_limit}); retry in {self.retry_after:g} s",
-                self.retry_after,
-            )
-        job = _Job(items, fut)
+            busy = f"server busy: {self.queued} texts are waiting (queue limit {self.queue_limit})"
+            why = "server is shutting down" if self._closing else busy
+            raise QueueFullError(f"{why}; retry in {self.retry_after:g} s", self.retry_after)
         self._queue.append(job)
-        self._queued += len(items)
+        self.queued += len(job.items)
         self._cond.notify()
-    fut.add_done_callback(lambda f: f.cancelled() and self._drop(job))
-    return fut
+    job.add_done_callback(lambda f: f.cancelled() and self._drop(f))
+    return job
 
 
-def _drop(self: MicroBatcher, job: _Job):
+def _drop(self: MicroBatcher, job: Future):
     "A job cancelled while it waits (its caller went away) leaves the queue at once: it costs no compute or room."
     with self._cond:
-        try:
+        if job in self._queue:  # else the worker has taken it already
             self._queue.remove(job)
-        except ValueError:  # the worker has taken it already
-            return
-        self._queued -= len(job.items)
-        self.stats["cancelled"] += 1
+            self.queued -= len(job.items)
+            self.stats["cancelled"] += 1
 
 
 MicroBatcher.submit, MicroBatcher._drop = _submit, _drop
 
 # %% ../nbs/05_inference.ipynb #3c805a7a
-def _next_batch(self: MicroBatcher) -> list[_Job] | None:
+def _next_batch(self: MicroBatcher) -> list[Future] | None:
     "The jobs of the next call of `fn` (waiting for them as explained above); None once the batcher stops."
     with self._cond:
-        while not self._queue:
-            if self._stopping:
-                return None
+        while not self._queue and not self._stopping:
             self._cond.wait()
-        # wait for the batch to fill, but only for as many texts as the last batch had: as many clients are
+        if not self._queue:
+            return None
+        # wait for the batch to fill, but only for as many items as the last batch had: as many clients are
         # probably waiting again. One client never waits; 32 clients fill a batch of 32.
         deadline, expected = time.monotonic() + self.max_wait, min(self.max_batch_size, self._last_batch)
-        while self._queued < expected and not self._stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+        while self.queued < expected and not self._stopping and (left := deadline - time.monotonic()) > 0:
             self._cond.wait(left)
         jobs, n = [], 0
         while self._queue and (not jobs or n + len(self._queue[0].items) <= self.max_batch_size):
             job = self._queue.popleft()
-            self._queued -= len(job.items)
-            if job.future.set_running_or_notify_cancel():
+            self.queued -= len(job.items)
+            if job.set_running_or_notify_cancel():
                 jobs.append(job)
                 n += len(job.items)
             else:  # cancelled just now, as the worker took it
@@ -485,15 +234,14 @@ def _run(self: MicroBatcher):
                 raise RuntimeError(f"fn returned {len(results)} results for {len(items)} items")
         except BaseException as e:
             for job in jobs:
-                job.future.set_exception(e)
+                job.set_exception(e)
             continue
         self.stats["batches"] += 1
         self.stats["items"] += len(items)
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(items))
-        start = 0
         for job in jobs:
-            job.future.set_result(results[start : start + len(job.items)])
-            start += len(job.items)
+            job.set_result(results[: len(job.items)])
+            results = results[len(job.items) :]
 
 
 MicroBatcher._next_batch, MicroBatcher._run = _next_batch, _run
@@ -512,57 +260,12 @@ def _close(self: MicroBatcher, drain_s: float) -> threading.Timer:
 
 def _refuse_queued(self: MicroBatcher):
     with self._cond:
-        jobs, self._queued = list(self._queue), 0
+        jobs, self.queued = list(self._queue), 0
         self._queue.clear()
     for job in jobs:
-        if job.future.set_running_or_notify_cancel():
+        if job.set_running_or_notify_cancel():
             self.stats["rejected"] += 1
-            job.future.set_exception(
-                QueueFullError("server is shutting down before this request's turn", self.retry_after)
-            )
+            job.set_exception(QueueFullError("server is shutting down before this request's turn", self.retry_after))
 
 
 MicroBatcher.close, MicroBatcher._refuse_queued = _close, _refuse_queued
-
-# %% ../nbs/05_inference.ipynb #2fb1b841
-class NoCheckpointError(FileNotFoundError):
-    "No trained checkpoint in reach, where serving an untrained one would mislead (a Kaggle session)."
-
-
-NO_CHECKPOINT_MESSAGE = (
-    "No trained checkpoint in reach: this session's working folder has no {folder}, and no notebook output attached "
-    "under {inputs} holds one. Each Kaggle notebook runs in a session of its own. Run notebook 04 with Save Version "
-    "(Save & Run All) so that Kaggle keeps its output, then attach that output here (Add Input > Your Work > "
-    "Notebooks > 04) and run this notebook again; or set `checkpoint` in the parameters cell to a checkpoint folder. "
-    "(An untrained model would answer with guesses.)"
-)
-
-
-def default_checkpoint(profile: str | None = None, root: str | os.PathLike | None = None) -> Path | None:
-    """The training checkpoint of `profile`: in its `run_folder` (looked up from `root`), else one that notebook 04
-    saved in another Kaggle session, attached to this one as that notebook's output; None if there is none."""
-    from distrinews.kaggle import find_attached_checkpoint
-    from distrinews.model import get_config, run_folder
-
-    cfg = get_config(profile)
-    path = run_folder(cfg, root) / "checkpoint"
-    return path if (path / "config.json").exists() else find_attached_checkpoint(cfg.output_dir)
-
-
-def pick_checkpoint(
-    checkpoint: str | os.PathLike | None = None, profile: str | None = None, root: str | os.PathLike | None = None
-) -> Path | None:
-    """The checkpoint a serving notebook uses: `checkpoint` if given, else `default_checkpoint` (not for the smoke
-    profile, whose tests serve a demo). None means the untrained demo checkpoint, and the caller says so. On Kaggle,
-    where nobody would want that, it stops instead, saying how to attach notebook 04's checkpoint."""
-    from distrinews.kaggle import input_root
-    from distrinews.model import get_config, running_on
-
-    if checkpoint is not None:
-        return Path(checkpoint)
-    cfg = get_config(profile)
-    found = None if cfg.profile == "smoke" else default_checkpoint(cfg.profile, root)
-    if found is None and running_on() == "kaggle":
-        folder = Path(cfg.output_dir) / "checkpoint"
-        raise NoCheckpointError(NO_CHECKPOINT_MESSAGE.format(folder=folder, inputs=input_root()))
-    return found
