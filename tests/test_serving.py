@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 
 from distrinews import inference
 from distrinews.ddp import free_port
-from distrinews.guard import begin_shutdown
+from distrinews.guard import HeaderDeadline, begin_shutdown
 from distrinews.inference import (
     PROBE_TEXTS,
     InvalidCheckpointError,
@@ -33,7 +33,7 @@ from distrinews.inference import (
     weights_digest,
 )
 from distrinews.model import LABELS, OFFLINE_ENCODER, build_classifier
-from distrinews.serve import HeaderDeadline, ServeSettings, create_app, main
+from distrinews.serve import ServeSettings, create_app, main
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
