@@ -6,6 +6,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,12 +18,65 @@ import pytest
 import yaml
 from conftest import ROOT, SPORTS_HEADLINE, http_json, running_server
 
-from distrinews.serve import dockerfile_instructions, dockerfile_problems, stage_space
+from distrinews.serve import stage_space
 
 DEPLOY = ROOT / "deployment"
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 CACHE = Path(os.environ.get("DISTRINEWS_CACHE") or ROOT / ".cache")
 APP_DIR = "/home/user/app"  # the image's WORKDIR
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    "(INSTRUCTION, arguments) pairs of a Dockerfile, continuation lines joined, comments dropped."
+    out, current = [], ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or (not current and not line.strip()):
+            continue
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        word, _, rest = current.strip().partition(" ")
+        out.append((word.upper(), " ".join(rest.split())))
+        current = ""
+    return out
+
+
+def dockerfile_problems(text: str, context: Path | None = None, port: int = 7860) -> list[str]:
+    "What the DistriNews image needs beyond hadolint's generic rules; an empty list when the Dockerfile has it all."
+    ins = dockerfile_instructions(text)
+    args = lambda name: [a for n, a in ins if n == name]
+    problems, base = [], (args("FROM") or [""])[-1].split(" ")[0]
+    if not re.fullmatch(r"python:3\.\d+(\.\d+)?-slim(-\w+)?", base):
+        problems.append(f"base image {base!r} is not python:3.X-slim")
+    torch_runs = [r for r in args("RUN") if re.search(r"pip install .*\btorch\b", r)]
+    if not torch_runs or not all("download.pytorch.org/whl/cpu" in r for r in torch_runs):
+        problems.append("torch must come from the CPU-only index (https://download.pytorch.org/whl/cpu)")
+    user = (args("USER") or ["root"])[-1].split(":")[0]
+    if user in ("root", "0"):
+        problems.append("the container runs as root: add USER before CMD")
+    if str(port) not in {p.split("/")[0] for a in args("EXPOSE") for p in a.split()}:
+        problems.append(f"EXPOSE {port} is missing")
+    if not any("/health" in a for a in args("HEALTHCHECK")):
+        problems.append("no HEALTHCHECK that calls /health")
+    try:
+        cmd = json.loads((args("CMD") or [""])[-1])
+    except ValueError:
+        cmd = None
+    if (
+        not isinstance(cmd, list)
+        or cmd[:3] != ["python", "-m", "distrinews.serve"]
+        or "0.0.0.0" not in cmd
+        or str(port) not in cmd
+    ):
+        problems.append(f'CMD must be ["python", "-m", "distrinews.serve", ...] listening on 0.0.0.0:{port}')
+    if context is not None:
+        for a in args("COPY"):
+            sources = [s for s in a.split() if not s.startswith("--")][:-1]
+            problems += [
+                f"COPY source {s!r} is not in the build context" for s in sources if not (Path(context) / s).exists()
+            ]
+    return problems
 
 
 def hadolint(path: Path) -> list[dict]:

@@ -20,10 +20,11 @@ import torch
 import uvicorn
 from conftest import Payload
 from fastapi.testclient import TestClient
+from pydantic_settings import CliApp
 
 from distrinews import inference
 from distrinews.ddp import free_port
-from distrinews.guard import begin_shutdown
+from distrinews.guard import HeaderDeadline, begin_shutdown
 from distrinews.inference import (
     PROBE_TEXTS,
     InvalidCheckpointError,
@@ -33,7 +34,7 @@ from distrinews.inference import (
     weights_digest,
 )
 from distrinews.model import LABELS, OFFLINE_ENCODER, build_classifier
-from distrinews.serve import HeaderDeadline, ServeSettings, create_app, main
+from distrinews.serve import ServeSettings, create_app, main
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -495,6 +496,44 @@ def test_settings_come_from_the_environment(checkpoint, monkeypatch, classifier)
         assert r.status_code == 422 and "at most 10 characters" in r.text
         assert c.post("/predict", json={"text": "x" * 10}).status_code == 200
         assert c.get("/health").json()["batching"]["max_size"] == 1
+
+
+@pytest.mark.parametrize(
+    "env, argv, says",
+    [
+        ({}, ["--batch-wait-ms", "-5"], "batch_wait_ms: Input should be greater than or equal to 0"),
+        ({"DISTRINEWS_BATCH_WAIT_MS": "2000"}, [], "batch_wait_ms: Input should be less than or equal to 1000"),
+        ({}, ["--threads", "many"], "num_threads: Input should be a valid integer"),
+        ({}, ["--dtype", "fp8"], "dtype: Input should be 'auto', 'fp32' or 'bf16'"),
+        ({}, ["--queue-limit", "2"], "queue_limit (2) must be at least max_batch_size (64)"),
+        ({}, ["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        ({}, ["--checkpoint"], "expected one argument"),
+    ],
+)
+def test_a_bad_setting_stops_the_command_with_one_line(monkeypatch, capsys, env, argv, says):
+    "From a flag or from the environment: exit code 2 and one line naming the setting; no traceback, no usage dump."
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.startswith("distrinews-serve: error: ") and says in err, err
+    assert err.count("\n") == 1 and "usage:" not in err, err
+
+
+def test_flags_and_environment_variables_follow_from_serve_settings(monkeypatch, capsys):
+    "Every field of ServeSettings is a flag and an environment variable (--help shows both); the flag wins."
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: distrinews-serve")
+    for name in ServeSettings.model_fields:
+        assert f"--{name.replace('_', '-')}" in out and f"DISTRINEWS_{name.upper()}" in out, name
+    assert "--no-batching" in out and "--threads" in out
+    monkeypatch.setenv("DISTRINEWS_BATCH_WAIT_MS", "3")
+    monkeypatch.setenv("DISTRINEWS_PORT", "8000")
+    s = CliApp.run(ServeSettings, cli_args=["--batch-wait-ms", "4", "--no-batching", "--threads", "2"])
+    assert (s.batch_wait_ms, s.port, s.batching, s.num_threads) == (4.0, 8000, False, 2)
 
 
 # ---------------------------------------------------------------- no model
