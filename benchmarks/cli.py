@@ -21,4 +21,8 @@ def run(function, **defaults):
             p.add_argument(flag, nargs="+", type=type(default[0]), default=list(default), help=helps.get(name))
         else:
             p.add_argument(flag, type=kind, default=default, help=helps.get(name))
-    return function(**vars(p.parse_args()))
+    args = vars(p.parse_args())
+    try:
+        return function(**args)
+    except ValueError as e:  # a bad setting (the functions check theirs first): one line, not a traceback
+        p.error(str(e))
