@@ -34,7 +34,9 @@ bandwidth, turbo); `vs_control` = DDP throughput / control throughput is what DD
 
 from pathlib import Path
 
+from cli import run  # benchmarks/cli.py: one flag per parameter of the function
+
 from distrinews.benchmarks import ddp_scaling  # the measuring code (notebook 07 exports it)
 
 if __name__ == "__main__":
-    ddp_scaling(out=Path(__file__).parent / "results" / "ddp_scaling.json")
+    run(ddp_scaling, out=str(Path(__file__).parent / "results" / "ddp_scaling.json"))

@@ -15,7 +15,12 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the servers load a local checkpoint: no hub call
 
+from cli import run  # benchmarks/cli.py: one flag per parameter of the function
+
 from distrinews.benchmarks import serving_benchmark  # the measuring code (notebook 07 exports it)
 
 if __name__ == "__main__":
-    serving_benchmark(out_dir=Path(__file__).parent / "results", root=Path(__file__).resolve().parents[1])
+    here = Path(__file__).resolve().parent
+    main_job = here.parent / "runs" / "cpu" / "checkpoint"  # the model `make main` trains, where it exists
+    checkpoint = str(main_job) if (main_job / "config.json").exists() else ""
+    run(serving_benchmark, checkpoint=checkpoint, out=str(here / "results"))  # a folder: serving_c<clients>.json in it

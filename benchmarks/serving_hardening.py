@@ -14,7 +14,6 @@ benchmarks/results/serving_hardening_c<clients>.json with the ratios new/old.
 """
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -76,12 +75,12 @@ def main(argv=None) -> dict:
                 raise RuntimeError(f"the {name} server has no model: {h.get('error')}")
         versions = {name: h["model_version"] for name, (_, h) in health.items()}
         for url in urls.values():
-            asyncio.run(load_test(url, warmup, args.concurrency))
+            load_test(url, warmup, args.concurrency)
         rounds = [texts[i :: args.rounds] for i in range(args.rounds)]
         for i, chunk in enumerate(rounds):
             for name in list(checkouts) if i % 2 == 0 else list(checkouts)[::-1]:
                 used = cpu_seconds(pids[name])
-                lat, st, wall = asyncio.run(load_test(urls[name], chunk, args.concurrency))
+                lat, st, wall = load_test(urls[name], chunk, args.concurrency)
                 cpu[name] += cpu_seconds(pids[name]) - used
                 all_lat, all_st, all_wall = pooled[name]
                 for k, v in st.items():

@@ -19,7 +19,9 @@ run compiles once, in its first epoch, and reuses in every later one.
 
 from pathlib import Path
 
+from cli import run  # benchmarks/cli.py: one flag per parameter of the function
+
 from distrinews.benchmarks import trainer_vs_reference  # the measuring code (notebook 07 exports it)
 
 if __name__ == "__main__":
-    trainer_vs_reference(out=Path(__file__).parent / "results" / "trainer_vs_reference.json")
+    run(trainer_vs_reference, out=str(Path(__file__).parent / "results" / "trainer_vs_reference.json"))

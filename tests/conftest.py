@@ -58,7 +58,7 @@ def started_server(
     **kwargs,
 ):
     """`distrinews.benchmarks.server_process` as the tests use it: serving `checkpoint`, with this repository's package
-    whether or not it is installed; yields the `ServerProcess` (its `url`, `process` and `log()`).
+    whether or not it is installed; yields the server (its `url`, `process` and `log()`).
     `inherit_env=False`: only `env` (plus PATH), as in a container."""
     base = dict(os.environ) if inherit_env else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     env = {**base, **(env or {})}

@@ -2,6 +2,7 @@
 and the papermill driver runs end to end."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +190,28 @@ def test_committed_program_speed_keeps_its_goal():
     r = json.loads(PROGRAM_SPEED.read_text())
     goal = float(r["goal"]["ratio_new_over_old"].removeprefix(">= "))
     assert r["ratio_new_over_old"] >= goal, f"today's program trains at {r['ratio_new_over_old']}x (goal >= {goal})"
+
+
+def test_07_committed_outputs_show_the_committed_results():
+    """#34: 07's committed outputs (`measure=''`, what `make course` runs) show each section's results from
+    benchmarks/results/*.json, tables and charts, naming each file they come from; no section says only that it did
+    not measure, and no report is cut short."""
+    cells = json.loads((ROOT / "nbs" / "07_benchmarks.ipynb").read_text())["cells"]
+    outputs = [o for c in cells for o in c.get("outputs", [])]
+    text = "\n".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+    R = report.load(BENCH / "results")
+    shown = [k for k in R if re.fullmatch(r"trainer_vs_reference|ddp_scaling.*|accuracy_.*|serving_c\d+|gpu_.*", k)]
+    for name in shown:
+        assert f"benchmarks/results/{name}.json: measured on " in text, name
+    stock = next(x for x in R["ddp_scaling"]["runs"] if x["world_size"] == 2 and x["grad_sync"] == "allreduce")
+    serving = max((R[k] for k in shown if k.startswith("serving")), key=lambda r: r["settings"]["concurrency"])
+    for figure in (
+        f"**{R['trainer_vs_reference']['speedup']:.2f}x**",
+        f"efficiency {stock['efficiency']:.1%}",
+        f"throughput {serving['speedup']:.2f}x",
+        f"{R['accuracy_cpu']['accuracy']:.2%}",
+    ):
+        assert figure in text, figure
+    # a chart each: the trainer, the two DDP tables, accuracy, serving
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 5
+    assert "the committed figures come from" not in text and text.count("](") == 0, "a section is empty or cut short"

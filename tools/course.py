@@ -46,8 +46,8 @@ PLAN = {
     "06": dict(params={}, needs="runs/cpu/checkpoint", note="the API serves the checkpoint notebook 04 trained"),
     "07": dict(
         params={"measure": ""},
-        note="nothing re-measured here: the report and charts are drawn from the committed "
-        "`benchmarks/results/` (`benchmarks/run.py` measures them, see its header)",
+        note="nothing re-measured here: each section shows the committed results, `benchmarks/results/`, as "
+        "`benchmarks/report.py` renders them (`benchmarks/run.py` measures them, see its header)",
     ),
 }
 PROFILE = "cpu"
