@@ -76,7 +76,15 @@ def hardware() -> str:
 
 # Warnings that say nothing about the course: tqdm.auto's complaint in a kernel without ipywidgets (its bars still work,
 # as text). `main` silences it in the kernels it starts; this drops it from notebooks executed elsewhere.
-NOISE = re.compile(r"[^\n]*TqdmWarning: IProgress not found[^\n]*\n(  from \.autonotebook import[^\n]*\n)?")
+# Also torchrun's banner that it set OMP_NUM_THREADS=1 for each worker (what the course wants on CPUs: said in 04's
+# prose) and the profiler's start/stop lines (kineto writes them to stderr, sometimes inside a progress bar's line).
+NOISE = re.compile(
+    r"[^\n]*TqdmWarning: IProgress not found[^\n]*\n(  from \.autonotebook import[^\n]*\n)?"
+    r"|W\d{4} [\d:.]+ \d+ torch/distributed/run\.py:\d+\][^\n]*\n"
+    r"|USDT:[\d-]+ [\d:]+ \d+:\d+ SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)\n"
+)
+# gloo's error messages open with its source file on PyTorch's build machine: "[/__w/pytorch/.../pair.cc:537] "
+GLOO_SOURCE = re.compile(r"\[/__w/pytorch/pytorch/third_party/gloo/[^\]]*\] ")
 
 
 # one tqdm frame: "Tokenizing:  98%|█████████▊| 1000/1024 [00:00<00:00, 6798.04 examples/s]"
@@ -94,7 +102,7 @@ def tidy_text(text: str, root: Path = ROOT) -> str:
     """Text fit to publish: progress bars settled; this clone's folder made relative, scratch folders and installed
     packages named without this machine's paths."""
     text = re.sub(
-        r"/[^\s'\"]*/(site|dist)-packages/", "", NOISE.sub("", _settle(text))
+        r"/[^\s'\"]*/(site|dist)-packages/", "", GLOO_SOURCE.sub("", _settle(NOISE.sub("", text)))
     )  # a library's file: named from its package
     text = text.replace(str(root) + "/", "").replace(str(root), ".")
     return re.sub(r"/tmp/[^\s'\"),]*", "<temp folder>", text)
