@@ -46,25 +46,11 @@ from distrinews.model import (
 )
 
 # %% auto #0
-__all__ = ['training_attention', 'use_training_attention', 'seed_everything', 'rng_state', 'set_rng_state', 'layer_depth',
-           'make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'make_weight_average', 'NonFiniteError',
-           'check_finite_weights', 'RunState', 'checkpoint_dir', 'restarted', 'prepare_run', 'load_model', 'autocast',
-           'optimizer_step', 'check_finite_loss', 'evaluate_counts', 'metrics_from_counts', 'epoch_metrics',
-           'training_state', 'resume_from', 'write_metrics', 'simulate_failure', 'per_rank_batch_size',
-           'training_parser', 'check_config', 'clear_errors', 'Tracker', 'plot_history']
-
-# %% ../nbs/03_single_gpu.ipynb #a7e1c0d2
-def training_attention(device: str | torch.device) -> str:
-    "The attention implementation to train with on `device`: fused SDPA on GPUs, plain ('eager') attention on CPUs."
-    return "sdpa" if torch.device(device).type == "cuda" else "eager"
-
-
-def use_training_attention(model, device: str | torch.device) -> str:
-    "Switch a Hugging Face `model` to `training_attention(device)` in place; returns the implementation it now uses."
-    wanted, config = training_attention(device), getattr(model, "config", None)  # plain nn.Modules have no config
-    if getattr(config, "_attn_implementation", wanted) != wanted and hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(wanted)
-    return getattr(config, "_attn_implementation", "the model's own")
+__all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'make_optimizer', 'make_scheduler', 'scaled_optimizer_step',
+           'make_weight_average', 'NonFiniteError', 'check_finite_weights', 'RunState', 'checkpoint_dir', 'restarted',
+           'prepare_run', 'load_model', 'autocast', 'optimizer_step', 'check_finite_loss', 'evaluate_counts',
+           'metrics_from_counts', 'epoch_metrics', 'training_state', 'resume_from', 'write_metrics', 'simulate_failure',
+           'per_rank_batch_size', 'training_parser', 'check_config', 'clear_errors', 'Tracker']
 
 # %% ../nbs/03_single_gpu.ipynb #fc8c4037
 def seed_everything(seed: int):
@@ -75,36 +61,26 @@ def seed_everything(seed: int):
 
 def rng_state() -> dict:
     "The RNG states a resumed run needs to replay exactly what an uninterrupted run would have done."
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all()}
 
 
 def set_rng_state(state: dict):
-    "Restore what `rng_state` saved."
+    "Restore what `rng_state` saved (the CUDA states: one per GPU, none on a machine without)."
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    torch.cuda.set_rng_state_all(state.get("cuda", []))
 
 # %% ../nbs/03_single_gpu.ipynb #df4fd1c9
-def layer_depth(name: str, num_layers: int) -> int:
-    "Where parameter `name` sits: 0 for the embeddings, i+1 for layer i, num_layers+1 above them (pooler, head)."
-    if "embeddings" in name:
-        return 0
-    found = re.search(r"\.layers?\.(\d+)\.", name)  # BERT: encoder.layer.3.  DistilBERT: transformer.layer.3.
-    return int(found.group(1)) + 1 if found else num_layers + 1
-
-
 def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float = 1.0) -> torch.optim.AdamW:
-    "AdamW; no weight decay on 1-D parameters (biases, LayerNorm); each layer's lr: `layer_lr_decay` x the one above."
+    """AdamW; no weight decay on 1-D parameters (biases, LayerNorm). Each layer's lr is `layer_lr_decay` x the one
+    above it: the head (and pooler) at `lr`, the top layer at `lr x decay`, ..., the embeddings slowest."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    num_layers = 1 + max((int(m.group(1)) for n, _ in named if (m := re.search(r"\.layers?\.(\d+)\.", n))), default=-1)
+    layer = {n: int(m.group(1)) for n, _ in named if (m := re.search(r"\.layers?\.(\d+)\.", n))}  # BERT, DistilBERT
+    top = max(layer.values(), default=-1) + 1  # the head's depth; the embeddings' is -1
     groups = {}  # (lr factor, weight decay) -> parameters; the top's group first, so param_groups[0] has the peak lr
     for n, p in named:
-        factor = layer_lr_decay ** (num_layers + 1 - layer_depth(n, num_layers))
-        groups.setdefault((factor, weight_decay if p.ndim >= 2 else 0.0), []).append(p)
+        depth = -1 if "embeddings" in n else layer.get(n, top)
+        groups.setdefault((layer_lr_decay ** (top - depth), weight_decay if p.ndim >= 2 else 0.0), []).append(p)
     ordered = sorted(groups.items(), key=lambda kv: -kv[0][0])  # stable: no decay keeps [decayed, not decayed]
     # fused: one kernel updates every parameter, instead of a dozen small tensor operations per parameter (on the CI
     # machine the MiniLM step went from ~160 ms to ~45 ms; the result is the same update)
@@ -207,16 +183,16 @@ def prepare_run(cfg: RunConfig, resume: str = "auto", tidy: bool = True) -> Path
         check_resumable(saved_cfg, cfg)
     return checkpoint
 
-
+# %% ../nbs/03_single_gpu.ipynb #2e225ce9
 def load_model(cfg: RunConfig, checkpoint: Path | None = None, device: str | torch.device = "cpu"):
     "The tokenizer and the classifier on `device` (seeded): from `checkpoint` if resuming, else from `cfg.model_name`."
     seed_everything(cfg.seed)
     source = checkpoint or cfg.model_name
     model = build_classifier(source, seed=cfg.seed, dropout=cfg.dropout, pooling=cfg.pooling)
-    use_training_attention(model, device)  # eager attention on CPUs: SDPA's backward is slow there
+    model.set_attn_implementation("sdpa" if torch.device(device).type == "cuda" else "eager")  # see above
     return load_tokenizer(source), model.to(device)
 
-
+# %% ../nbs/03_single_gpu.ipynb #043a408b
 def autocast(device: torch.device, precision: str):
     "Mixed precision for the forward pass: bf16 or fp16 where `precision` says so, a no-op for fp32."
     dtype = AUTOCAST_DTYPES[precision]
@@ -239,7 +215,7 @@ def check_finite_loss(loss: torch.Tensor, step: int, precision: str):
             "checkpoint was saved; lower the learning rate (--lr) and start over with --fresh."
         )
 
-
+# %% ../nbs/03_single_gpu.ipynb #6bcb1125
 @torch.inference_mode()
 def evaluate_counts(model, loader, device: torch.device, precision: str) -> torch.Tensor:
     """The sums that evaluation metrics come from, over every batch of `loader`: the loss summed over the rows, then
@@ -274,7 +250,7 @@ def metrics_from_counts(counts: torch.Tensor) -> dict:
         confusion=confusion.long().tolist(),
     )
 
-
+# %% ../nbs/03_single_gpu.ipynb #48138db6
 def epoch_metrics(totals: torch.Tensor, seconds: float) -> dict:
     "An epoch's training figures from `[loss sum, batches, samples]` (summed over the processes) and its wall time."
     loss_sum, batches, samples = totals.tolist()
@@ -285,7 +261,7 @@ def epoch_metrics(totals: torch.Tensor, seconds: float) -> dict:
         train_samples_per_s=samples / seconds if seconds else 0.0,
     )
 
-# %% ../nbs/03_single_gpu.ipynb #8dd0d8092fe74a7c96281538738b07e2
+# %% ../nbs/03_single_gpu.ipynb #84a79780
 def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list[dict], model, ema=None) -> dict:
     """Everything besides the weights that a resumed run needs to go on exactly: `rng_states` holds one entry per
     process, in rank order. With a weight average the folder holds the average (what a server loads), and this the
@@ -334,15 +310,10 @@ def resume_from(
         log(f"resumed from {checkpoint}: the run had finished (step {run.step})\n{write_metrics(cfg, run)}")
     return run
 
-
+# %% ../nbs/03_single_gpu.ipynb #7a31ac33
 def write_metrics(cfg: RunConfig, run: RunState) -> str:
-    """Write the run's `metrics.json` and `training_curves.png` into its output folder; return a line on its latest
-    epoch (and after the last epoch, a summary)."""
-    out = Path(cfg.output_dir)
-    write_json_atomic(out / "metrics.json", run.history)
-    import matplotlib.pyplot as plt
-
-    plt.close(plot_history(run.history, run.train_log, out / "training_curves.png"))
+    "Write the run's `metrics.json` into its output folder; return a line on its latest epoch (the last: a summary)."
+    write_json_atomic(Path(cfg.output_dir) / "metrics.json", run.history)
     m = run.history[-1]
     line = (
         f"epoch {m['epoch']}: train loss {m['train_loss']:.4f} | eval loss {m['eval_loss']:.4f} | accuracy "
@@ -357,7 +328,7 @@ def write_metrics(cfg: RunConfig, run: RunState) -> str:
         line += f"\ncheckpoint: {checkpoint_dir(cfg)}"
     return line
 
-
+# %% ../nbs/03_single_gpu.ipynb #f9d33426
 def simulate_failure(at_step: int | None, step: int, rank: int):
     """The fault-tolerance demo: at optimizer step `at_step` the process of rank 1 (rank 0 when it is alone) dies
     hard, as an out-of-memory kill would end it; only on torchrun's first attempt, so that the restart gets through."""
@@ -378,7 +349,7 @@ def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int
         )
     return global_batch_size // (world_size * grad_accum)
 
-
+# %% ../nbs/03_single_gpu.ipynb #57485946
 def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
     "The training scripts' command line: one flag per `RunConfig` field, and how to start, resume or check a run."
     p = config_parser(prog=prog, description="Fine-tune a news classifier on AG News.")
@@ -481,25 +452,3 @@ class Tracker:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
-
-# %% ../nbs/03_single_gpu.ipynb #8a65eabff63a45729fe45fb5ade58bdc
-def plot_history(history: list[dict], train_log: list[tuple], path: str | os.PathLike | None = None):
-    "Training loss per step and test loss/accuracy per epoch, side by side; saved to `path` if given."
-    import matplotlib
-
-    matplotlib.use("Agg") if path and "ipykernel" not in sys.modules else None
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    if train_log:
-        ax1.plot(*zip(*train_log), label="train (mean of 10 steps)")
-    ax1.plot([h["step"] for h in history], [h["eval_loss"] for h in history], "o-", label="test")
-    ax1.set(xlabel="optimizer step", ylabel="cross-entropy loss", title="Loss")
-    ax1.legend()
-    ax2.plot([h["epoch"] for h in history], [100 * h["accuracy"] for h in history], "o-")
-    ax2.set(xlabel="epoch", ylabel="accuracy (%)", title="Test accuracy")
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=100)
-    return fig
