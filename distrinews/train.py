@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import importlib.util
 import os
 import random
@@ -25,11 +24,11 @@ from distrinews.checkpoint import (
     CheckpointError,
     check_resumable,
     check_writable,
+    checkpoint_dir,
     clean_checkpoint_leftovers,
     find_checkpoint,
     load_training_state,
     verify_checkpoint,
-    write_json_atomic,
 )
 from .data import data_source
 from distrinews.model import (
@@ -46,29 +45,16 @@ from distrinews.model import (
 )
 
 # %% auto #0
-__all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'make_optimizer', 'make_scheduler', 'scaled_optimizer_step',
-           'make_weight_average', 'NonFiniteError', 'check_finite_weights', 'RunState', 'checkpoint_dir', 'restarted',
-           'prepare_run', 'load_model', 'autocast', 'optimizer_step', 'check_finite_loss', 'evaluate_counts',
-           'metrics_from_counts', 'epoch_metrics', 'training_state', 'resume_from', 'write_metrics', 'simulate_failure',
-           'per_rank_batch_size', 'training_parser', 'check_config', 'clear_errors', 'Tracker']
+__all__ = ['seed_everything', 'make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'make_weight_average',
+           'NonFiniteError', 'check_finite_weights', 'restarted', 'prepare_run', 'load_model', 'autocast',
+           'optimizer_step', 'check_finite_loss', 'evaluate_counts', 'metrics_from_counts', 'epoch_metrics',
+           'simulate_failure', 'per_rank_batch_size', 'training_parser', 'check_config', 'clear_errors', 'Tracker']
 
 # %% ../nbs/03_single_gpu.ipynb #fc8c4037
 def seed_everything(seed: int):
     "Seed Python's and torch's (CPU and CUDA) random number generators."
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    "The RNG states a resumed run needs to replay exactly what an uninterrupted run would have done."
-    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all()}
-
-
-def set_rng_state(state: dict):
-    "Restore what `rng_state` saved (the CUDA states: one per GPU, none on a machine without)."
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    torch.cuda.set_rng_state_all(state.get("cuda", []))
 
 # %% ../nbs/03_single_gpu.ipynb #df4fd1c9
 def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float = 1.0) -> torch.optim.AdamW:
@@ -137,22 +123,6 @@ def check_finite_weights(model, step: int):
         )
 
 # %% ../nbs/03_single_gpu.ipynb #acae54e37e7d407bbb7b55eff062a284
-@dataclasses.dataclass
-class RunState:
-    "Where a run is: the epoch, the micro-batches done in it, the optimizer steps, and what was measured so far."
-
-    epoch: int = 0
-    batches_done: int = 0
-    step: int = 0
-    history: list = dataclasses.field(default_factory=list)  # one dict of metrics per epoch
-    train_log: list = dataclasses.field(default_factory=list)  # (step, training loss) after every optimizer step
-
-
-def checkpoint_dir(cfg: RunConfig) -> Path:
-    "Where a run keeps its (latest, resumable) checkpoint."
-    return Path(cfg.output_dir) / "checkpoint"
-
-
 def restarted() -> bool:
     "True in a worker that torchrun has restarted after a failure (its environment counts the restarts)."
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
@@ -260,73 +230,6 @@ def epoch_metrics(totals: torch.Tensor, seconds: float) -> dict:
         train_seconds=seconds,
         train_samples_per_s=samples / seconds if seconds else 0.0,
     )
-
-# %% ../nbs/03_single_gpu.ipynb #84a79780
-def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list[dict], model, ema=None) -> dict:
-    """Everything besides the weights that a resumed run needs to go on exactly: `rng_states` holds one entry per
-    process, in rank order. With a weight average the folder holds the average (what a server loads), and this the
-    weights the optimizer trains."""
-    state = dict(
-        optimizer=optimizer.state_dict(),
-        scheduler=scheduler.state_dict(),
-        scaler=scaler.state_dict(),
-        rng=rng_states,
-        world_size=len(rng_states),
-        **dataclasses.asdict(run),
-    )
-    if ema is not None:
-        state.update(live_weights=model.state_dict(), averaged_steps=int(ema.n_averaged))
-    return state
-
-
-def resume_from(
-    checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, model, ema=None, log=print
-) -> RunState:
-    """Load a checkpoint's training state into the optimizer, schedule and scaler (and weight average), restore this
-    rank's random streams, and return where the run was. A fresh `RunState` when `checkpoint` is None."""
-    if checkpoint is None:
-        return RunState()
-    state, _ = load_training_state(checkpoint, map_location="cpu")  # load_state_dict moves it next to the parameters
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    scaler.load_state_dict(state["scaler"])
-    run = RunState(**{f.name: state[f.name] for f in dataclasses.fields(RunState) if f.name in state})
-    run.train_log = [tuple(x) for x in run.train_log]
-    rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
-    saved_world = state.get("world_size", len(rngs))
-    if saved_world != world_size and run.epoch < cfg.epochs:  # each world size deals an epoch's rows in its own order
-        raise CheckpointError(
-            f"{checkpoint} was written by {saved_world} process(es) and this job has {world_size}: resuming would "
-            f"train some rows twice and others never. Resume with {saved_world} (torchrun --nproc_per_node="
-            f"{saved_world}), or start over with --fresh."
-        )
-    if ema is not None:  # the model was built from the folder, i.e. the average; the live weights are here
-        model.load_state_dict(state["live_weights"])
-        ema.n_averaged.fill_(state["averaged_steps"])
-    set_rng_state(rngs[rank] if len(rngs) == world_size else rngs[0])
-    if run.epoch < cfg.epochs:
-        log(f"resumed from {checkpoint}: epoch {run.epoch + 1}, step {run.step}")
-    elif rank == 0:  # finished: a kill after the last save may have lost the report, which the checkpoint holds
-        log(f"resumed from {checkpoint}: the run had finished (step {run.step})\n{write_metrics(cfg, run)}")
-    return run
-
-# %% ../nbs/03_single_gpu.ipynb #7a31ac33
-def write_metrics(cfg: RunConfig, run: RunState) -> str:
-    "Write the run's `metrics.json` into its output folder; return a line on its latest epoch (the last: a summary)."
-    write_json_atomic(Path(cfg.output_dir) / "metrics.json", run.history)
-    m = run.history[-1]
-    line = (
-        f"epoch {m['epoch']}: train loss {m['train_loss']:.4f} | eval loss {m['eval_loss']:.4f} | accuracy "
-        f"{m['accuracy']:.2%} on {m['eval_count']}"
-        + (f" (live weights {m['live_accuracy']:.2%})" if "live_accuracy" in m else "")
-        + f" | {m['train_samples_per_s']:.1f} samples/s"
-    )
-    if m["epoch"] == cfg.epochs:
-        per_class = ", ".join(f"{k} {v:.1%}" for k, v in m["per_class_accuracy"].items())
-        split = "Validation" if cfg.eval_split == "validation" else "Test"
-        line += f"\n{split} accuracy {m['accuracy']:.2%} on {m['eval_count']} rows ({per_class})"
-        line += f"\ncheckpoint: {checkpoint_dir(cfg)}"
-    return line
 
 # %% ../nbs/03_single_gpu.ipynb #f9d33426
 def simulate_failure(at_step: int | None, step: int, rank: int):
