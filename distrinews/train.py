@@ -36,11 +36,9 @@ from distrinews.model import (
     LABELS,
     RunConfig,
     build_classifier,
-    config_from_args,  # noqa: F401  (the training scripts import it from here)
     config_parser,
     load_tokenizer,
-    make_grad_scaler,  # noqa: F401  (the training scripts import it from here)
-    pick_device,  # noqa: F401  (the training scripts import it from here)
+    pick_device,  # noqa: F401  (notebook 07 imports it from here)
     pick_precision,
 )
 
@@ -300,9 +298,8 @@ class Tracker:
         names = {n.strip() for n in report_to.split(",")} - {"", "none"}
         if names - {"tensorboard", "wandb"}:
             raise ValueError(f"--report-to {report_to}: choose none, tensorboard, wandb or a list (tensorboard,wandb)")
-        for name in names:
-            if importlib.util.find_spec(name) is None:
-                raise ValueError(f"--report-to {name}: the {name} package is not installed (pip install {name})")
+        for name in (n for n in sorted(names) if importlib.util.find_spec(n) is None):
+            raise ValueError(f"--report-to {name}: the {name} package is not installed (pip install {name})")
         folder, self.tb, self.wandb, self.last = Path(cfg.output_dir) / "runs", None, None, (time.perf_counter(), 0)
         hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in vars(cfg).items()}
         if rank == 0 and "tensorboard" in names:
@@ -324,15 +321,14 @@ class Tracker:
                                     settings=flush)  # fmt: skip
             id_file.write_text(self.wandb.id)
 
-    def log(self, values: dict, step: int, text: dict | None = None):
+    def log(self, values: dict, step: int):
+        "`values` at optimizer step `step`: numbers as scalars, strings as text (TensorBoard's TEXT tab)."
+        for k, v in values.items() if self.tb is not None else ():
+            (self.tb.add_text if isinstance(v, str) else self.tb.add_scalar)(k, v, step)
         if self.tb is not None:
-            for k, v in values.items():
-                self.tb.add_scalar(k, v, step)
-            for k, v in (text or {}).items():
-                self.tb.add_text(k, v, step)
             self.tb.flush()  # on disk at once: a killed run loses nothing that its checkpoint has
         if self.wandb is not None:
-            self.wandb.log({**values, **(text or {})}, step=step)
+            self.wandb.log(values, step=step)
 
     def log_step(self, step: int, loss: float, lr: float, grad_norm, samples: int):
         "One optimizer step; `samples`: the rows of this epoch so far, over all ranks (their rate since the last step)."
@@ -347,7 +343,7 @@ class Tracker:
         values.update({f"epoch/accuracy/{k}": v for k, v in metrics["per_class_accuracy"].items()})
         rows = [f"| {LABELS[i]} | " + " | ".join(map(str, row)) + " |" for i, row in enumerate(metrics["confusion"])]
         table = "\n".join([f"| true \\ predicted | {' | '.join(LABELS)} |", "|---" * (len(LABELS) + 1) + "|", *rows])
-        self.log(values, metrics["step"], {"epoch/confusion": table})
+        self.log({**values, "epoch/confusion": table}, metrics["step"])
         self.last = (time.perf_counter(), 0)  # the next epoch counts its rows from 0
 
     def close(self):
