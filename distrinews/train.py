@@ -157,7 +157,8 @@ def load_model(cfg: RunConfig, checkpoint: Path | None = None, device: str | tor
     seed_everything(cfg.seed)
     source = checkpoint or cfg.model_name
     model = build_classifier(source, seed=cfg.seed, dropout=cfg.dropout, pooling=cfg.pooling)
-    model.set_attn_implementation("sdpa" if torch.device(device).type == "cuda" else "eager")  # see above
+    # eager attention on CPUs, where SDPA's backward pass is slow (notebook 03: "The attention kernel")
+    model.set_attn_implementation("sdpa" if torch.device(device).type == "cuda" else "eager")
     return load_tokenizer(source), model.to(device)
 
 # %% ../nbs/03_single_gpu.ipynb #043a408b
