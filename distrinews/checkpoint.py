@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from .model import RunConfig
 __all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'atomic_directory',
            'write_json_atomic', 'CheckpointError', 'file_sha256', 'write_manifest', 'verify_checkpoint',
            'find_checkpoint', 'clean_checkpoint_leftovers', 'no_weights_progress_bar', 'CheckpointWriteError',
-           'describe_write_error', 'save_checkpoint', 'check_writable', 'load_training_state', 'check_resumable']
+           'describe_write_error', 'save_checkpoint', 'check_writable', 'load_training_state', 'check_resumable',
+           'RunState', 'checkpoint_dir', 'rng_state', 'set_rng_state', 'training_state', 'resume_from', 'write_metrics']
 
 # %% ../nbs/15_checkpoints.ipynb #d56c90c8
 def _fsync(path: Path):
@@ -289,3 +291,98 @@ def check_resumable(saved: dict, cfg: RunConfig):
             + "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
             + ". Resume with the same settings, or start over with --fresh (or another --output-dir)."
         )
+
+# %% ../nbs/15_checkpoints.ipynb #c0f0dfa1
+@dataclasses.dataclass
+class RunState:
+    "Where a run is: the epoch, the micro-batches done in it, the optimizer steps, and what was measured so far."
+
+    epoch: int = 0
+    batches_done: int = 0
+    step: int = 0
+    history: list = dataclasses.field(default_factory=list)  # one dict of metrics per epoch
+    train_log: list = dataclasses.field(default_factory=list)  # (step, training loss) after every optimizer step
+
+
+def checkpoint_dir(cfg: RunConfig) -> Path:
+    "Where a run keeps its (latest, resumable) checkpoint."
+    return Path(cfg.output_dir) / "checkpoint"
+
+# %% ../nbs/15_checkpoints.ipynb #fef960d5
+def rng_state() -> dict:
+    "The RNG states a resumed run needs to replay exactly what an uninterrupted run would have done."
+    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all()}
+
+
+def set_rng_state(state: dict):
+    "Restore what `rng_state` saved (the CUDA states: one per GPU, none on a machine without)."
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    torch.cuda.set_rng_state_all(state.get("cuda", []))
+
+# %% ../nbs/15_checkpoints.ipynb #bf66b31d
+def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list[dict], model, ema=None) -> dict:
+    """Everything besides the weights that a resumed run needs to go on exactly: `rng_states` holds one entry per
+    process, in rank order. With a weight average the folder holds the average (what a server loads), and this the
+    weights the optimizer trains."""
+    state = dict(
+        optimizer=optimizer.state_dict(),
+        scheduler=scheduler.state_dict(),
+        scaler=scaler.state_dict(),
+        rng=rng_states,
+        world_size=len(rng_states),
+        **dataclasses.asdict(run),
+    )
+    if ema is not None:
+        state.update(live_weights=model.state_dict(), averaged_steps=int(ema.n_averaged))
+    return state
+
+# %% ../nbs/15_checkpoints.ipynb #40de8cd4
+def resume_from(
+    checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, model, ema=None, log=print
+) -> RunState:
+    """Load a checkpoint's training state into the optimizer, schedule and scaler (and weight average), restore this
+    rank's random streams, and return where the run was. A fresh `RunState` when `checkpoint` is None."""
+    if checkpoint is None:
+        return RunState()
+    state, _ = load_training_state(checkpoint, map_location="cpu")  # load_state_dict moves it next to the parameters
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    run = RunState(**{f.name: state[f.name] for f in dataclasses.fields(RunState) if f.name in state})
+    run.train_log = [tuple(x) for x in run.train_log]
+    rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
+    saved_world = state.get("world_size", len(rngs))
+    if saved_world != world_size and run.epoch < cfg.epochs:  # each world size deals an epoch's rows in its own order
+        raise CheckpointError(
+            f"{checkpoint} was written by {saved_world} process(es) and this job has {world_size}: resuming would "
+            f"train some rows twice and others never. Resume with {saved_world} (torchrun --nproc_per_node="
+            f"{saved_world}), or start over with --fresh."
+        )
+    if ema is not None:  # the model was built from the folder, i.e. the average; the live weights are here
+        model.load_state_dict(state["live_weights"])
+        ema.n_averaged.fill_(state["averaged_steps"])
+    set_rng_state(rngs[rank] if len(rngs) == world_size else rngs[0])
+    if run.epoch < cfg.epochs:
+        log(f"resumed from {checkpoint}: epoch {run.epoch + 1}, step {run.step}")
+    elif rank == 0:  # finished: a kill after the last save may have lost the report, which the checkpoint holds
+        log(f"resumed from {checkpoint}: the run had finished (step {run.step})\n{write_metrics(cfg, run)}")
+    return run
+
+# %% ../nbs/15_checkpoints.ipynb #ffb4cc84
+def write_metrics(cfg: RunConfig, run: RunState) -> str:
+    "Write the run's `metrics.json` into its output folder; return a line on its latest epoch (the last: a summary)."
+    write_json_atomic(Path(cfg.output_dir) / "metrics.json", run.history)
+    m = run.history[-1]
+    line = (
+        f"epoch {m['epoch']}: train loss {m['train_loss']:.4f} | eval loss {m['eval_loss']:.4f} | accuracy "
+        f"{m['accuracy']:.2%} on {m['eval_count']}"
+        + (f" (live weights {m['live_accuracy']:.2%})" if "live_accuracy" in m else "")
+        + f" | {m['train_samples_per_s']:.1f} samples/s"
+    )
+    if m["epoch"] == cfg.epochs:
+        per_class = ", ".join(f"{k} {v:.1%}" for k, v in m["per_class_accuracy"].items())
+        split = "Validation" if cfg.eval_split == "validation" else "Test"
+        line += f"\n{split} accuracy {m['accuracy']:.2%} on {m['eval_count']} rows ({per_class})"
+        line += f"\ncheckpoint: {checkpoint_dir(cfg)}"
+    return line

@@ -17,11 +17,11 @@ from pydantic import Field, ValidationError
 from pydantic.dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBERT', 'PROFILES', 'AUTOCAST_DTYPES', 'POOLINGS',
-           'RunConfig', 'running_on', 'pick_profile', 'env_overrides', 'config_problems', 'get_config', 'run_folder',
-           'environment_banner', 'config_parser', 'config_from_args', 'pick_device', 'native_bf16', 'pick_precision',
-           'make_grad_scaler', 'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline', 'resolve_model_source',
-           'use_pooling', 'load_tokenizer', 'build_classifier', 'predict']
+__all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBERT', 'PROFILES', 'AUTOCAST_DTYPES', 'RunConfig',
+           'running_on', 'pick_profile', 'env_overrides', 'get_config', 'run_folder', 'environment_banner',
+           'config_parser', 'config_from_args', 'pick_device', 'native_bf16', 'pick_precision', 'make_grad_scaler',
+           'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline', 'resolve_model_source', 'use_pooling',
+           'load_tokenizer', 'build_classifier', 'predict']
 
 # %% ../nbs/01_model.ipynb #28bacc3c
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -43,8 +43,7 @@ class RunConfig:
     data_dir: str | None = None  # a folder in the original AG News CSV format; default: $DISTRINEWS_DATA_DIR
     train_size: Annotated[int, Field(ge=1)] | None = None  # stratified subset of the train split
     test_size: Annotated[int, Field(ge=1)] | None = None  # stratified subset of the test split
-    # training rows held out (stratified, never trained on) for choosing settings
-    validation_size: Annotated[int, Field(ge=0)] = 0
+    validation_size: Annotated[int, Field(ge=0)] = 0  # training rows held out (stratified) for choosing settings
     eval_split: Literal["test", "validation"] = "test"  # what `evaluate` measures: the test split or the held-out rows
     max_length: Annotated[int, Field(ge=1)] = 128  # tokens; AG News headlines+leads rarely exceed 100
     batch_size: Annotated[int, Field(ge=1)] = 32  # per process (DDP: per rank)
@@ -55,60 +54,36 @@ class RunConfig:
     weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.01
     grad_accum: Annotated[int, Field(ge=1)] = 1  # micro-batches per optimizer step
     max_grad_norm: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
-    # spread this much target probability over the other classes (regularizes)
-    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    # each layer below the head learns this factor slower than the one above (1: all alike)
-    layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
-    # auto: bf16 where native, fp16 on older GPUs, else fp32
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0  # target probability spread over the other classes
+    layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0  # each layer's lr: this x the one above's (1: all alike)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = (
+        "auto"  # auto: bf16 where native, fp16 on older GPUs, else fp32
+    )
     seed: int = 42
     output_dir: str = "runs/cpu"
-    # optimizer steps between resumable checkpoints (0: end of each epoch only)
-    save_every: Annotated[int, Field(ge=0)] = 0
+    save_every: Annotated[int, Field(ge=0)] = 0  # optimizer steps between resumable checkpoints (0: at epochs' ends)
     group_by_length: bool = True  # length-grouped batches: far less padding
-    # override every dropout probability of the model (0.0 for exactness tests)
-    dropout: Annotated[float, Field(ge=0, lt=1)] | None = None
+    dropout: Annotated[float, Field(ge=0, lt=1)] | None = None  # every dropout probability (0.0 for exactness tests)
     pooling: Literal["cls", "mean"] = "cls"  # what the head reads: the first token ([CLS]) or the mean of all tokens
-    # > 0: also keep a moving average of the weights (evaluated and saved); 0: off
-    ema_decay: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    ema_decay: Annotated[float, Field(ge=0, lt=1)] = 0.0  # > 0: also keep (evaluate, save) a moving average of weights
     num_threads: Annotated[int, Field(ge=1)] | None = None  # torch CPU threads per process (None: torch's default)
-    # DDP: none = plain all-reduce; else a built-in hook
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = (
+        "none"  # DDP: none = plain all-reduce; else a built-in hook
+    )
 
     def __post_init__(self):  # the ranges are in the annotations (checked by pydantic); this needs two fields
         if self.eval_split == "validation" and self.validation_size < 1:
             raise ValueError("eval_split='validation' needs validation_size >= 1 (training rows to hold out).")
 
-    @property
-    def effective_batch_size(self):
-        return self.batch_size * self.grad_accum
 
-
-PROFILES = {
-    "smoke": dict(
-        train_size=512,
-        test_size=256,
-        max_length=64,
-        batch_size=16,
-        eval_batch_size=64,
-        epochs=1,
-        lr=1e-4,
-        output_dir="runs/smoke",
-    ),
+PROFILES = {  # what each profile changes from RunConfig's defaults; get_config adds output_dir=runs/<profile>
+    "smoke": dict(train_size=512, test_size=256, max_length=64, batch_size=16, eval_batch_size=64, epochs=1),
     # 10,429 = the rows of the local train copy; from the hub the same budget is a stratified subset of the 120,000.
     # Not adopted, each because it won on the validation rows and then lost on the test rows (notebook 11): mean
     # pooling, a moving average of the weights (ema_decay), and the search's best [CLS] settings (trial 6, which won
     # two draws).
-    "cpu": dict(train_size=10_429, lr=1e-4, epochs=3, batch_size=32, output_dir="runs/cpu"),
-    "kaggle": dict(
-        model_name="distilbert-base-uncased",
-        data_source="hub",
-        lr=5e-5,
-        epochs=2,
-        batch_size=32,
-        eval_batch_size=256,
-        output_dir="runs/kaggle",
-    ),
+    "cpu": dict(train_size=10_429, epochs=3),
+    "kaggle": dict(model_name="distilbert-base-uncased", data_source="hub", lr=5e-5, eval_batch_size=256),
 }
 
 # %% ../nbs/01_model.ipynb #3c1b976a
@@ -141,25 +116,17 @@ def env_overrides() -> dict:
     return {name: os.environ[var] for var, name in names.items() if os.environ.get(var)}
 
 
-def config_problems(error: ValidationError) -> str:
-    "Pydantic's report on a RunConfig as one line: each field, the value it got and what it must be."
-    return "; ".join(
-        f"RunConfig.{e['loc'][0]}={e['input']!r}: {e['msg']}" if e["loc"] else e["msg"] for e in error.errors()
-    )
-
-
 def get_config(profile: str | None = None, *, use_env: bool = True, **overrides) -> RunConfig:
-    """A `RunConfig` for `profile` (see `pick_profile`), then the DISTRINEWS_<FIELD> variables (unless `use_env=False`),
-    then `overrides`."""
+    "A `RunConfig`: `profile`'s values (`pick_profile`), then DISTRINEWS_<FIELD> (unless `use_env=False`), `overrides`."
     name = pick_profile(profile)
     overrides = {**(env_overrides() if use_env else {}), **overrides}
-    unknown = set(overrides) - {f.name for f in fields(RunConfig)}
-    if unknown:
+    if unknown := set(overrides) - {f.name for f in fields(RunConfig)}:
         raise TypeError(f"Unknown RunConfig field(s) {sorted(unknown)}; valid: {[f.name for f in fields(RunConfig)]}")
     try:
-        return RunConfig(**{**PROFILES[name], "profile": name, **overrides})
-    except ValidationError as e:
-        raise ValueError(config_problems(e)) from None
+        return RunConfig(**{"output_dir": f"runs/{name}", **PROFILES[name], "profile": name, **overrides})
+    except ValidationError as e:  # pydantic's report as one line: each field, the value it got and what it must be
+        problems = (f"RunConfig.{x['loc'][0]}={x['input']!r}: {x['msg']}" if x["loc"] else x["msg"] for x in e.errors())
+        raise ValueError("; ".join(problems)) from None
 
 
 def run_folder(cfg: RunConfig, start: str | os.PathLike | None = None) -> Path:
@@ -174,16 +141,10 @@ def environment_banner(profile: str | None = None) -> str:
     "One line: Kaggle/Colab/local, the hardware, and the profile `pick_profile` chose (and why)."
     gpus = torch.cuda.device_count()
     hardware = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else f"CPU only, {os.cpu_count()} cores"
-    reason = (
-        "given"
-        if profile
-        else "from $DISTRINEWS_PROFILE"
-        if os.environ.get("DISTRINEWS_PROFILE")
-        else "guessed from the machine"
-    )
-    extra = env_overrides()
-    extra = f" + from the environment: {extra}" if extra else ""
-    return f"Running on {running_on()} ({hardware}) -> profile '{pick_profile(profile)}' ({reason}){extra}"
+    from_env = os.environ.get("DISTRINEWS_PROFILE")
+    chosen = "given" if profile else "from $DISTRINEWS_PROFILE" if from_env else "guessed from the machine"
+    extra = f" + from the environment: {env}" if (env := env_overrides()) else ""
+    return f"Running on {running_on()} ({hardware}) -> profile '{pick_profile(profile)}' ({chosen}){extra}"
 
 # %% ../nbs/01_model.ipynb #fa85f78e
 def config_parser(**kwargs) -> argparse.ArgumentParser:
@@ -197,12 +158,8 @@ def config_parser(**kwargs) -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     "The `RunConfig` that parsed command-line `args` describe (unset flags keep the profile's values)."
-    overrides = {
-        f.name: getattr(args, f.name)
-        for f in fields(RunConfig)
-        if f.name != "profile" and getattr(args, f.name, None) is not None
-    }
-    return get_config(args.profile, **overrides)
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(RunConfig) if f.name != "profile"}
+    return get_config(args.profile, **{k: v for k, v in overrides.items() if v is not None})
 
 # %% ../nbs/01_model.ipynb #dcb45a81
 def pick_device(device: str | torch.device | None = "auto", local_rank: int = 0) -> torch.device:
@@ -224,15 +181,15 @@ def pick_device(device: str | torch.device | None = "auto", local_rank: int = 0)
 
 
 def native_bf16(device: str | torch.device) -> bool:
-    """True when `device` computes in bfloat16 natively (an Ampere or newer GPU; a CPU with AVX512-BF16 or AMX).
-    Elsewhere bf16 is emulated and slow."""
+    "True when `device` computes bf16 natively (Ampere+ GPUs, CPUs with AVX512-BF16 or AMX); elsewhere it is slow."
     device = torch.device(device)
     # not torch.cuda.is_bf16_supported(): it also says True where bf16 is only emulated (a T4 is compute capability 7.5)
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
     if device.type == "cpu":
-        checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-        return any(bool(check()) for check in checks if check is not None)
+        return any(
+            getattr(torch.cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        )
     return False
 
 
@@ -240,9 +197,7 @@ def pick_precision(precision: str, device: torch.device) -> str:
     "Resolve `auto` to bf16, fp16 or fp32 for `device`; reject combinations that cannot work."
     cuda = device.type == "cuda"
     if precision == "auto":
-        if native_bf16(device):
-            return "bf16"
-        return "fp16" if cuda else "fp32"
+        return "bf16" if native_bf16(device) else "fp16" if cuda else "fp32"
     if precision == "fp16" and not cuda:
         raise ValueError("precision='fp16' needs a CUDA GPU (fp16 with GradScaler); on CPU use 'bf16' or 'fp32'.")
     if precision == "bf16" and cuda and not native_bf16(device):
@@ -277,8 +232,7 @@ def packaged_encoder_dir() -> Path | None:
 
 
 def hub_offline(datasets: bool = False) -> bool:
-    """True when the Hugging Face Hub must not be contacted for models (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) or
-    `datasets` (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)."""
+    "True when HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE (for `datasets`: HF_DATASETS_OFFLINE), keeps us off the hub."
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if datasets else ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in names)
 
@@ -321,16 +275,12 @@ def resolve_model_source(name: str | os.PathLike) -> str:
     return name
 
 # %% ../nbs/01_model.ipynb #bb1e6d68
-POOLINGS = ("cls", "mean")
-
-
 def use_pooling(model, pooling: str | None = None):
-    """Make `model`'s head read `pooling`: 'cls' (the first token) or 'mean' (the mean over real tokens, padding left
-    out). None: the choice saved in `model.config.distrinews_pooling`, else 'cls'. Returns `model`, its config
-    updated."""
+    """Make `model`'s head read `pooling`: 'cls' (the first token) or 'mean' (over the real tokens, not the padding).
+    None: the choice saved in `model.config.distrinews_pooling`, else 'cls'. Returns `model` (its config updated)."""
     pooling = pooling or getattr(model.config, "distrinews_pooling", None) or "cls"
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling={pooling!r} is not one of {POOLINGS}.")
+    if pooling not in ("cls", "mean"):
+        raise ValueError(f"pooling={pooling!r} is not one of ('cls', 'mean').")
     hooked = hasattr(model, "_mean_pooling_hooks")
     if pooling == "cls" and hooked:
         raise ValueError("This model already pools by mean; build a new one for pooling='cls'.")
@@ -382,12 +332,7 @@ def build_classifier(
 ):
     """A sequence classifier with `num_labels` outputs and AG News label names, from an encoder `name`; its head reads
     `pooling` (see `use_pooling`; None: what a checkpoint was trained with, else 'cls')."""
-    from transformers import (
-        AutoConfig,
-        AutoModelForSequenceClassification,
-        DistilBertConfig,
-        DistilBertForSequenceClassification,
-    )
+    from transformers import AutoConfig, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     if num_labels != len(LABELS):
@@ -400,17 +345,14 @@ def build_classifier(
     hf_logging.set_verbosity_error()  # "some weights are newly initialized": yes, the head; that is the point
     hf_logging.disable_progress_bar()  # and no "Loading weights" bar in every notebook output
     try:
-        config = (
-            DistilBertConfig(**labels) if source == RANDOM_DISTILBERT else AutoConfig.from_pretrained(source, **labels)
-        )
-        if (
-            dropout is not None
-        ):  # names differ by architecture (hidden_dropout_prob, attention_dropout, ...): set them all
+        blank = source == RANDOM_DISTILBERT
+        config = AutoConfig.for_model("distilbert", **labels) if blank else AutoConfig.from_pretrained(source, **labels)
+        if dropout is not None:  # names differ by architecture (hidden_dropout_prob, attention_dropout, ...): set all
             for key, value in config.to_dict().items():
                 if "dropout" in key and isinstance(value, float):
                     setattr(config, key, dropout)
-        if source == RANDOM_DISTILBERT:
-            return use_pooling(DistilBertForSequenceClassification(config), pooling)
+        if blank:
+            return use_pooling(AutoModelForSequenceClassification.from_config(config), pooling)
         # float32 master weights whatever the file holds (transformers 5 would keep an fp16 file's dtype, and AdamW
         # on fp16 weights without loss scaling diverges): mixed precision comes from autocast, not from the weights
         return use_pooling(AutoModelForSequenceClassification.from_pretrained(source, config=config).float(), pooling)
@@ -435,14 +377,11 @@ def predict(
     dtype: torch.dtype | None = None,
 ) -> list[dict]:
     "Label, confidence and all class probabilities for each of `texts` (input order kept)."
-    if isinstance(texts, str):
-        texts = [texts]
+    texts = [texts] if isinstance(texts, str) else texts
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    id2label = model.config.id2label
-    was_training = model.training
+    id2label, was_training = model.config.id2label, model.training
     model.eval()
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    results = [None] * len(texts)
+    order, results = sorted(range(len(texts)), key=lambda i: len(texts[i])), [None] * len(texts)
     try:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
@@ -451,12 +390,10 @@ def predict(
             ).to(device)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 probs = model(**batch).logits.float().softmax(-1).cpu()
-            for i, p in zip(idx, probs):
-                k = int(p.argmax())
+            for i, p in zip(idx, probs.tolist()):
+                k = max(range(len(p)), key=p.__getitem__)  # the first of equal maxima, as argmax
                 results[i] = dict(
-                    label=id2label[k],
-                    confidence=float(p[k]),
-                    probabilities={id2label[j]: float(p[j]) for j in range(len(p))},
+                    label=id2label[k], confidence=p[k], probabilities={id2label[j]: q for j, q in enumerate(p)}
                 )
     finally:
         model.train(was_training)

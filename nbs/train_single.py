@@ -18,13 +18,14 @@ from tqdm.auto import tqdm
 
 from distrinews.ddp import step_profiler
 from distrinews.data import LengthGroupedSampler, load_tokenized_splits, loader_options
+from distrinews.model import config_from_args, make_grad_scaler, pick_device, pick_precision
+from distrinews.tracking import Tracker
 from distrinews.train import (
-    Tracker, autocast, check_config, check_finite_loss, check_finite_weights, checkpoint_dir, clear_errors,
-    config_from_args, epoch_metrics, evaluate_counts, load_model, make_grad_scaler, make_optimizer, make_scheduler,
-    make_weight_average, metrics_from_counts, optimizer_step, per_rank_batch_size, pick_device, pick_precision,
-    prepare_run, resume_from, rng_state, simulate_failure, training_parser, training_state, write_metrics,
+    autocast, check_config, check_finite_loss, check_finite_weights, clear_errors, epoch_metrics,
+    evaluate_counts, load_model, make_optimizer, make_scheduler, make_weight_average, metrics_from_counts,
+    optimizer_step, per_rank_batch_size, prepare_run, simulate_failure, training_parser,
 )  # fmt: skip
-from distrinews.checkpoint import save_checkpoint
+from distrinews.checkpoint import checkpoint_dir, resume_from, rng_state, save_checkpoint, training_state, write_metrics
 
 
 def make_loaders(cfg, tokenizer, device, precision, rank, world_size):

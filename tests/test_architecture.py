@@ -31,6 +31,7 @@ LAYERS = {
             "demos.debugging",
             "demos.workers",
             "checkpoint",
+            "tracking",
             "going_further",
         ],
         CORE,
@@ -44,7 +45,7 @@ TRAINING_MODULES = {"data", "train", "ddp", "scripts.train_single", "scripts.tra
 # that may only go down, until it reaches the budget and the entry goes.
 MAIN_PATH_BUDGET = 250
 MAIN_PATH = ["00_concepts", "03_single_gpu", "04_ddp", "05_inference", "06_deploy"]
-OVER_BUDGET_CEILING = {"03_single_gpu": 474}
+OVER_BUDGET_CEILING: dict[str, int] = {}
 
 
 def package_modules() -> dict[str, Path]:
