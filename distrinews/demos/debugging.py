@@ -7,25 +7,26 @@ from __future__ import annotations
 
 import contextlib
 import io
+import mmap
 import os
-import shutil
 import tempfile
 import time
+from collections import Counter
+from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..ddp import parameter_fingerprint, replicas_in_sync
 from .concepts import demo_batch, tiny_mlp
 
 # %% auto #0
-__all__ = ['TwoHeads', 'unused_parameters_demo', 'uneven_batches_demo', 'mismatched_all_reduce', 'logging_demo', 'try_load',
-           'every_rank_saves', 'checkpoint_demo', 'state_dict_demo', 'grads_in_sync', 'train_steps',
-           'SharedMemoryGradients', 'shared_memory_hook', 'compare_grad_sync']
+__all__ = ['TwoHeads', 'unused_parameters_demo', 'uneven_batches_demo', 'mismatched_all_reduce', 'logging_demo', 'slow_save',
+           'try_load', 'checkpoint_demo', 'state_dict_demo', 'grads_in_sync', 'train_steps', 'SharedMemoryGradients',
+           'shared_memory_hook', 'compare_grad_sync']
 
 # %% ../../nbs/08_debugging_ddp.ipynb #7995ba2d
 class TwoHeads(nn.Module):
@@ -40,7 +41,7 @@ class TwoHeads(nn.Module):
         h = torch.relu(self.body(x))
         return (self.head_a(h), self.head_b(h)) if use_b else self.head_a(h)
 
-# %% ../../nbs/08_debugging_ddp.ipynb #d1b0c002
+
 def unused_parameters_demo(
     rank: int, world_size: int, find_unused_parameters: bool = False, freeze_unused: bool = False, steps: int = 3
 ) -> dict:
@@ -63,10 +64,15 @@ def uneven_batches_demo(
     rank: int, world_size: int, batches: list[int], use_join: bool = False, linger_s: float = 0.0
 ) -> dict:
     "Rank r trains on `batches[r]` batches; `use_join`: wrap the loop in `Join`, which tolerates uneven inputs."
+    import contextlib
+
+    from torch.distributed.algorithms.join import Join
+
     ddp = DDP(nn.Linear(16, 4))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     x, y = demo_batch(4 * max(batches) * world_size, seed=2)
-    start, done = time.perf_counter(), 0
+    start = time.perf_counter()
+    done = 0
     try:
         with Join([ddp]) if use_join else contextlib.nullcontext():
             for i in range(batches[rank]):
@@ -104,6 +110,18 @@ def logging_demo(rank: int, world_size: int, rank0_only: bool) -> dict:
     return dict(local=loss.item(), mean=mean.item())
 
 # %% ../../nbs/08_debugging_ddp.ipynb #5262d554
+def slow_save(obj, path, pieces: int = 10, delay_s: float = 0.1):
+    "`torch.save` to `path` in `pieces` writes `delay_s` apart: a simulated slow (network) disk."
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    with open(path, "wb") as f:
+        for i in range(pieces):
+            f.write(data[i * len(data) // pieces : (i + 1) * len(data) // pieces])
+            f.flush()
+            time.sleep(delay_s)
+
+
 def try_load(path) -> str:
     "'ok', or the error `torch.load` raises on `path`."
     try:
@@ -112,43 +130,38 @@ def try_load(path) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {str(e)[:100]}"
 
-# %% ../../nbs/08_debugging_ddp.ipynb #d1b0c004
-def every_rank_saves(rank: int, path: str, data: bytes) -> str:
-    "Both ranks write `data` to `path`, in the unlucky order that barriers force, then read it back (2 ranks)."
-    cut = lambda fraction: int(len(data) * fraction)
-    if rank == 0:
-        with open(path, "wb") as f:
-            f.write(data[: cut(0.7)])
-            f.flush()
-            dist.barrier()  # (1) rank 0 is 70 % through when...
-            dist.barrier()  # (2) ...rank 1 has truncated the file and written 30 %
-            f.write(data[cut(0.7) :])
-        read = try_load(path)  # rank 0 checks its checkpoint
-        dist.barrier()  # (3)
-        return read
-    dist.barrier()  # (1)
-    with open(path, "wb") as f:
-        f.write(data[: cut(0.3)])
-        f.flush()
-        dist.barrier()  # (2)
-        dist.barrier()  # (3)
-        f.write(data[cut(0.3) :])
-    return try_load(path)
 
-# %% ../../nbs/08_debugging_ddp.ipynb #d1b0c005
 def checkpoint_demo(rank: int, world_size: int, path: str, strategy: str) -> dict:
     """Save `tiny_mlp`'s weights to `path` and read them back, with one of three strategies (2 ranks):
     'every_rank' (both write; rank 1 starts when rank 0 is 70 % done), 'rank0_no_barrier' (rank 0 writes atomically on a
     slow disk, rank 1 reads 0.3 s later) or 'rank0_barrier' (the same, but rank 1 waits at a barrier before reading)."""
     buf = io.BytesIO()
     torch.save(tiny_mlp().state_dict(), buf)
+    data = buf.getvalue()
+    cut = lambda fraction: int(len(data) * fraction)
     dist.barrier()  # start together
     if strategy == "every_rank":
-        return dict(read=every_rank_saves(rank, path, buf.getvalue()))
+        if rank == 0:
+            with open(path, "wb") as f:
+                f.write(data[: cut(0.7)])
+                f.flush()
+                dist.barrier()  # (1) rank 0 is 70 % through when...
+                dist.barrier()  # (2) ...rank 1 has truncated the file and written 30 %
+                f.write(data[cut(0.7) :])
+            read = try_load(path)  # rank 0 checks its checkpoint
+            dist.barrier()  # (3)
+        else:
+            dist.barrier()  # (1)
+            with open(path, "wb") as f:
+                f.write(data[: cut(0.3)])
+                f.flush()
+                dist.barrier()  # (2)
+                dist.barrier()  # (3)
+                f.write(data[cut(0.3) :])
+            read = try_load(path)
+        return dict(read=read)
     if rank == 0:
-        time.sleep(1.0)  # a slow (network) disk: the write takes a second
-        with open(path + ".tmp", "wb") as f:
-            f.write(buf.getvalue())
+        slow_save(torch.load(io.BytesIO(data), weights_only=True), path + ".tmp")
         os.replace(path + ".tmp", path)  # atomic: the file is complete, or not there at all
     if strategy == "rank0_barrier":
         dist.barrier()  # nobody goes on before the checkpoint exists
@@ -171,9 +184,16 @@ def grads_in_sync(model) -> bool:
     dist.all_gather(everyone, mine)
     return all(torch.allclose(everyone[0], other, rtol=1e-6, atol=1e-9) for other in everyone[1:])
 
-# %% ../../nbs/08_debugging_ddp.ipynb #d1b0c006
-def train_steps(rank: int, world_size: int, mode: str = "ddp", steps: int = 3, batch_size: int = 8,
-                straggler_s: float = 0.0, width: int = 32) -> dict:  # fmt: skip
+
+def train_steps(
+    rank: int,
+    world_size: int,
+    mode: str = "ddp",
+    steps: int = 3,
+    batch_size: int = 8,
+    straggler_s: float = 0.0,
+    width: int = 32,
+) -> dict:
     """Train `tiny_mlp` for `steps` on rank-specific data. `mode`: 'ddp' (correct), 'unwrapped' (DDP built but the raw
     model trained), 'no_sync' (every backward inside `no_sync()`); without a process group: 'local' (the plain model).
     `straggler_s`: rank 1 sleeps this long in every step.
@@ -191,7 +211,10 @@ def train_steps(rank: int, world_size: int, mode: str = "ddp", steps: int = 3, b
         opt.zero_grad()
         if rank == 1 and straggler_s:
             time.sleep(straggler_s)
-        with net.no_sync() if mode == "no_sync" else contextlib.nullcontext():
+        if mode == "no_sync":
+            with net.no_sync():
+                F.cross_entropy(net(x[rows]), y[rows]).backward()
+        else:
             F.cross_entropy(trained(x[rows]), y[rows]).backward()
         opt.step()
         times.append(time.perf_counter() - start)
@@ -208,45 +231,119 @@ def train_steps(rank: int, world_size: int, mode: str = "ddp", steps: int = 3, b
 class SharedMemoryGradients:
     "State of a DDP communication hook that averages gradients through shared memory, for ranks on one machine."
 
-    def __init__(self, model: nn.Module, directory: str = "/dev/shm"):
-        self.rank, self.world_size, self.calls = dist.get_rank(), dist.get_world_size(), 0
-        # a slot holds the largest possible bucket: every trainable parameter (DDP's first step uses one bucket)
+    def __init__(self, model: nn.Module, group=None, directory: str = "/dev/shm"):
+        self.group = group or dist.group.WORLD
+        self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        # one slot holds the largest possible bucket: every trainable parameter (DDP's first step uses one bucket)
         self.capacity = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        size = 2 * self.world_size * self.capacity  # two halves, each a slot per rank
-        if shutil.disk_usage(directory).free < 4 * size:
-            raise RuntimeError(
-                f"{directory} has less than the {4 * size / 2**20:.0f} MB that gradient averaging needs. Free space "
-                "there (or enlarge it: docker run --shm-size=2g), or use DDP's own all-reduce (no hook)."
-            )
+        # embeddings whose gradient is sparse; a weight shared with another module (tied embeddings) is dense
+        users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+        embeddings = [
+            m
+            for m in model.modules()
+            if isinstance(m, nn.Embedding) and m.weight.requires_grad and not m.sparse and users[id(m.weight)] == 1
+        ]
+        self.ids_seen = {id(m.weight): [] for m in embeddings}  # token ids since the last synchronisation
+        for m in embeddings:
+            m.register_forward_pre_hook(partial(self._remember_ids, id(m.weight)))
+        row_capacity = sum(m.weight.shape[0] + 1 for m in embeddings) or 1
+        self._map = self._shared_file(2 * self.world_size * (4 * self.capacity + 8 * row_capacity), directory)
+        floats = 2 * self.world_size * self.capacity
+        self.values = torch.frombuffer(self._map, dtype=torch.float32, count=floats).view(2, self.world_size, -1)
+        self.row_ids = torch.frombuffer(self._map, dtype=torch.int64, offset=4 * floats).view(2, self.world_size, -1)
+        self.calls, self.numbers_sent, self.numbers_total = 0, 0, 0
+
+    def _shared_file(self, nbytes: int, directory: str) -> mmap.mmap:
+        "Map one file that every rank of the group shares; it is deleted (and kept alive by the mappings) at once."
         path = [None]
         if self.rank == 0:
             fd, path[0] = tempfile.mkstemp(dir=directory, prefix="distrinews-gradients-")
             os.close(fd)
-        dist.broadcast_object_list(path)
-        shared = torch.from_file(path[0], shared=True, size=size, dtype=torch.float32)
-        dist.barrier()  # every rank has mapped it...
-        if self.rank == 0:
-            os.unlink(path[0])  # ...so the file can go: the memory is freed when the last rank exits
-        self.slots = shared.view(2, self.world_size, self.capacity)
+        dist.broadcast_object_list(path, src=dist.get_global_rank(self.group, 0), group=self.group)
+        fd = os.open(path[0], os.O_RDWR)
+        try:
+            dist.barrier(self.group)  # everyone has it open...
+            if self.rank == 0:
+                os.unlink(path[0])  # ...so it can go: the memory is freed when the last rank exits
+            try:
+                os.posix_fallocate(fd, 0, nbytes)  # reserve the memory now, or fail now
+            except OSError as e:
+                raise RuntimeError(
+                    f"Cannot reserve {nbytes / 2**20:.0f} MB in {directory} for gradient averaging ({e}). "
+                    "Free space there (or enlarge it: docker run --shm-size=2g), "
+                    "or use DDP's own all-reduce (no hook)."
+                ) from None
+            return mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+
+    def _remember_ids(self, key, module, args):
+        if torch.is_grad_enabled():
+            self.ids_seen[key].append(args[0].detach().flatten())
+
+    def _split(self, bucket, flat):
+        "The bucket as dense (start, end) ranges and sparse (start, gradient rows, used row ids) parts."
+        dense, sparse, start = [], [], 0
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            if id(p) not in self.ids_seen:
+                continue
+            at = (g.data_ptr() - flat.data_ptr()) // flat.element_size()
+            if not (0 <= at and at + g.numel() <= flat.numel()):
+                raise RuntimeError(
+                    "DDP gave the hook a gradient that is not a view of its bucket; use DDP's own all-reduce (no hook)."
+                )
+            seen = self.ids_seen[id(p)]
+            # without recorded ids (no forward went through the hook), find the non-zero rows
+            used = torch.cat(seen).unique() if seen else g.view(g.shape[0], -1).ne(0).any(1).nonzero().flatten()
+            seen.clear()
+            if at > start:
+                dense.append((start, at))
+            sparse.append((at, g.view(g.shape[0], -1), used))
+            start = at + g.numel()
+        if start < flat.numel():
+            dense.append((start, flat.numel()))
+        return dense, sparse
 
     def average(self, bucket) -> torch.Tensor:
         "Average `bucket` over all ranks, in place."
-        flat = bucket.buffer()
+        flat, n, me = bucket.buffer(), self.world_size, self.rank
         if flat.numel() > self.capacity or flat.dtype != torch.float32:
             raise RuntimeError(
                 f"gradient bucket of {flat.numel():,} {flat.dtype} values does not fit the shared slots "
                 f"({self.capacity:,} float32): was the model changed after the hook was made?"
             )
-        slots = self.slots[self.calls % 2, :, : flat.numel()]  # alternate halves: a fast rank never overwrites...
-        self.calls += 1  # ...what a slow one still reads
-        torch.div(flat, self.world_size, out=slots[self.rank])  # 1. my share, divided by n
-        dist.barrier()  # 2. every share is written
-        flat.copy_(slots[0])  # 3. add them up in rank order
-        for share in slots[1:]:
-            flat.add_(share)
+        half = self.calls % 2
+        self.calls += 1  # alternate halves: a fast rank never overwrites what a slow one reads
+        values, row_ids = self.values[half], self.row_ids[half]
+        dense, sparse = self._split(bucket, flat)
+        for a, b in dense:
+            torch.div(flat[a:b], n, out=values[me, a:b])  # 1. my share, divided by n
+        at = 0
+        for a, rows, used in sparse:
+            k, width = len(used), rows.shape[1]
+            row_ids[me, at] = k
+            row_ids[me, at + 1 : at + 1 + k] = used
+            torch.div(rows.index_select(0, used), n, out=values[me, a : a + k * width].view(k, width))
+            at += 1 + rows.shape[0]
+            self.numbers_sent += k * width
+        self.numbers_sent += sum(b - a for a, b in dense)
+        self.numbers_total += flat.numel()
+        dist.barrier(self.group)  # 2. every share is written
+        for a, b in dense:  # 3. add them up in rank order
+            torch.add(values[0, a:b], values[1, a:b], out=flat[a:b])
+            for r in range(2, n):
+                flat[a:b].add_(values[r, a:b])
+        at = 0
+        for a, rows, used in sparse:
+            width = rows.shape[1]
+            rows.index_fill_(0, used, 0)
+            for r in range(n):
+                k = int(row_ids[r, at])
+                rows.index_add_(0, row_ids[r, at + 1 : at + 1 + k], values[r, a : a + k * width].view(k, width))
+            at += 1 + rows.shape[0]
         return flat
 
-# %% ../../nbs/08_debugging_ddp.ipynb #d1b0c008
+
 def shared_memory_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings
     "DDP communication hook: `ddp.register_comm_hook(SharedMemoryGradients(model), shared_memory_hook)`."
     future = torch.futures.Future()
@@ -272,12 +369,16 @@ def compare_grad_sync(rank: int, world_size: int, steps: int = 3, accumulation: 
             x, y = torch.randint(0, 1000, (4, 6), generator=g), torch.randint(0, 4, (4,), generator=g)
             for m in (reference, ours):
                 with m.no_sync() if micro < accumulation - 1 else contextlib.nullcontext():
-                    F.cross_entropy(m(x), y).backward()
+                    nn.functional.cross_entropy(m(x), y).backward()
         pairs = [(p.grad, q.grad) for p, q in zip(reference.parameters(), ours.parameters())]
         identical.append(all(torch.equal(a, b) for a, b in pairs))
         worst = max([worst] + [(a - b).abs().max().item() for a, b in pairs])
-        reference.zero_grad(set_to_none=True)
-        ours.zero_grad(set_to_none=True)
-    fingerprint = parameter_fingerprint(ours.module).tolist()
-    return dict(identical=identical, max_difference=worst, buckets_last_step=state.calls - calls_before,
-                fingerprint=fingerprint)  # fmt: skip
+        for m in (reference, ours):
+            m.zero_grad(set_to_none=True)
+    return dict(
+        identical=identical,
+        max_difference=worst,
+        buckets_last_step=state.calls - calls_before,
+        fingerprint=parameter_fingerprint(ours.module).tolist(),
+        sent=f"{state.numbers_sent:,} of {state.numbers_total:,} numbers",
+    )
