@@ -22,10 +22,9 @@ from .kaggle import KAGGLE_HEADER, find_attached_agnews
 from .model import LABELS, hub_offline
 
 # %% auto #0
-__all__ = ['NO_DATA_MESSAGE', 'clean_text', 'DataFolderError', 'find_data_dir', 'read_agnews_csv', 'locate_data', 'data_source',
-           'load_agnews', 'stratified_indices', 'stratified_subset', 'default_cache_dir', 'tokenize_dataset',
-           'make_collator', 'LengthGroupedSampler', 'padding_fraction', 'check_training_rows', 'load_splits',
-           'load_tokenized_splits', 'loader_options']
+__all__ = ['clean_text', 'DataFolderError', 'find_data_dir', 'read_agnews_csv', 'locate_data', 'data_source', 'load_agnews',
+           'stratified_indices', 'stratified_subset', 'tokenize_dataset', 'make_collator', 'LengthGroupedSampler',
+           'check_training_rows', 'load_splits', 'loader_options', 'load_tokenized_splits']
 
 # %% ../nbs/02_dataset.ipynb #a8c178b8
 def clean_text(text: str) -> str:
@@ -46,21 +45,24 @@ def find_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     data_dir = data_dir or os.environ.get("DISTRINEWS_DATA_DIR")
     return Path(data_dir).expanduser() if data_dir else None
 
-
-def read_agnews_csv(path: str | os.PathLike) -> tuple[list[str], list[int]]:
-    "Texts and 0-based labels from one AG News CSV (original layout, or Kaggle's with a header), checked row by row."
-    path = Path(path)
-    texts, labels, dropped = [], [], 0
-    data = path.read_bytes()  # decoded at once: a bad byte's line is then known (a stream decodes ahead of the reader)
+# %% ../nbs/02_dataset.ipynb #e02a0002
+def _utf8_text(path: Path) -> str:
+    "The file's text; a byte that is not UTF-8 is refused, naming its line (decoded at once, so the line is known)."
+    data = path.read_bytes()
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise DataFolderError(
             f"{path}: not UTF-8 text (byte {data[e.start : e.start + 1]!r} on line {line}). "
             "The AG News CSVs are UTF-8: convert the file (e.g. `iconv -f latin1 -t utf-8`) or download it again."
         ) from None
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)  # strict: a quoted field cut off by the end fails
+
+# %% ../nbs/02_dataset.ipynb #e02a0004
+def read_agnews_csv(path: str | os.PathLike) -> tuple[list[str], list[int]]:
+    "Texts and 0-based labels from one AG News CSV (original layout, or Kaggle's with a header), checked row by row."
+    path, texts, labels, dropped = Path(path), [], [], 0
+    reader = csv.reader(io.StringIO(_utf8_text(path), newline=""), strict=True)  # strict: a cut quoted field fails
     try:
         for row in reader:
             where = f"{path}:{reader.line_num}"
@@ -71,21 +73,17 @@ def read_agnews_csv(path: str | os.PathLike) -> tuple[list[str], list[int]]:
                     f"{where}: expected 3 columns (class index 1-4, title, description), got {len(row)}: "
                     f"{row[:4]!r}. Is this an AG News CSV (quoted fields; no header, or {KAGGLE_HEADER!r})?"
                 )
-            try:
-                label = int(row[0])
-            except ValueError:
-                label = None
-            if label not in (1, 2, 3, 4):
+            if row[0].strip() not in ("1", "2", "3", "4"):
                 raise DataFolderError(
                     f"{where}: class index {row[0]!r} is not one of 1, 2, 3, 4 "
                     f"({', '.join(f'{i + 1}={n}' for i, n in enumerate(LABELS))}). Fix or remove that row."
                 )
-            title, description = clean_text(row[1]), clean_text(row[2])
-            if not title and not description:
+            text = f"{clean_text(row[1])} {clean_text(row[2])}".strip()
+            if not text:  # no title and no description: nothing to learn from
                 dropped += 1
                 continue
-            texts.append(f"{title} {description}".strip())
-            labels.append(label - 1)
+            texts.append(text)
+            labels.append(int(row[0]) - 1)
     except csv.Error as e:  # the end of the file inside a quoted field ("unexpected end of data"), or stray quotes
         raise DataFolderError(
             f"{path}:{reader.line_num}: {e}: the file is cut off (a quoted field never ends) or that line's quotes are "
@@ -98,21 +96,6 @@ def read_agnews_csv(path: str | os.PathLike) -> tuple[list[str], list[int]]:
     return texts, labels
 
 # %% ../nbs/02_dataset.ipynb #5d1adec6
-def _as_dataset(texts, labels):
-    from datasets import ClassLabel, Dataset, Features, Value
-
-    features = Features({"text": Value("string"), "label": ClassLabel(names=LABELS)})
-    return Dataset.from_dict({"text": texts, "label": labels}, features=features)
-
-
-NO_DATA_MESSAGE = (
-    "No AG News data: no local copy (DISTRINEWS_DATA_DIR is not set, none is attached to this Kaggle notebook) and "
-    "the Hugging Face Hub is offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set). Either set DISTRINEWS_DATA_DIR "
-    "to a folder with train.csv and test.csv (on Kaggle: attach the AG News dataset with Add Input), or go online "
-    "(unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE) to download the `ag_news` dataset from the hub."
-)
-
-
 def locate_data(data_dir: str | os.PathLike | None = None, source: str = "auto") -> Path | None:
     """The folder AG News is read from, or None for the hub. `source` 'local': `data_dir`, else $DISTRINEWS_DATA_DIR,
     else a copy attached to this Kaggle notebook; 'auto': the same, else the hub; 'hub', the complete dataset:
@@ -136,7 +119,13 @@ def locate_data(data_dir: str | os.PathLike | None = None, source: str = "auto")
             "train.csv and test.csv, or use data_source='hub' when online."
         )
     if folder is None and hub_offline(datasets=True):
-        raise DataFolderError(NO_DATA_MESSAGE)
+        raise DataFolderError(
+            "No AG News data: no local copy (DISTRINEWS_DATA_DIR is not set, none is attached to this Kaggle notebook) "
+            "and the Hugging Face Hub is offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set). Either set "
+            "DISTRINEWS_DATA_DIR to a folder with train.csv and test.csv (on Kaggle: attach the AG News dataset with "
+            "Add Input), or go online (unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE) to download the `ag_news` dataset "
+            "from the hub."
+        )
     return folder
 
 
@@ -144,10 +133,12 @@ def data_source(cfg) -> str:
     "Where `cfg`'s rows will come from, 'local' (a folder) or 'hub'; fails at once, naming the fixes, if neither works."
     return "hub" if locate_data(cfg.data_dir, cfg.data_source) is None else "local"
 
-
+# %% ../nbs/02_dataset.ipynb #e02a0006
 def load_agnews(split: str = "train", data_dir: str | os.PathLike | None = None, source: str = "auto"):
     """AG News `split` ('train' or 'test') as a `datasets.Dataset` with `text` and `label` (0..3), from the folder
     or the hub that `locate_data(data_dir, source)` picks."""
+    from datasets import ClassLabel, Dataset, Features, Value, load_dataset
+
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
     folder = locate_data(data_dir, source)
@@ -158,8 +149,9 @@ def load_agnews(split: str = "train", data_dir: str | os.PathLike | None = None,
                 f"{file} is missing or empty. The folder {folder} must hold train.csv and test.csv "
                 "in the AG News CSV format."
             )
-        return _as_dataset(*read_agnews_csv(file))
-    from datasets import load_dataset
+        texts, labels = read_agnews_csv(file)
+        features = Features({"text": Value("string"), "label": ClassLabel(names=LABELS)})
+        return Dataset.from_dict({"text": texts, "label": labels}, features=features)
 
     try:
         ds = load_dataset("ag_news", split=split)
@@ -199,11 +191,6 @@ def stratified_subset(ds, n: int | None, seed: int = 0):
     return ds.select(stratified_indices(labels, n, seed))
 
 # %% ../nbs/02_dataset.ipynb #39b130a3
-def default_cache_dir() -> Path:
-    "Where tokenized datasets are cached: $DISTRINEWS_CACHE, else ~/.cache/distrinews."
-    return Path(os.environ.get("DISTRINEWS_CACHE", Path.home() / ".cache" / "distrinews"))
-
-
 def _content_key(ds, tokenizer, max_length) -> str:
     h = hashlib.sha256()
     for t, y in zip(ds["text"], ds["label"]):
@@ -215,8 +202,8 @@ def _content_key(ds, tokenizer, max_length) -> str:
 
 def tokenize_dataset(ds, tokenizer, max_length: int = 128, cache_dir: str | os.PathLike | None = None):
     """Tokenize `ds['text']` (truncated to `max_length`, not padded); adds `input_ids`, `attention_mask`, `length`;
-    cached on disk."""
-    cache_dir = Path(cache_dir or default_cache_dir())
+    cached on disk in `cache_dir`, else $DISTRINEWS_CACHE, else ~/.cache/distrinews."""
+    cache_dir = Path(cache_dir or os.environ.get("DISTRINEWS_CACHE") or Path.home() / ".cache" / "distrinews")
     cache_dir.mkdir(parents=True, exist_ok=True)
     key = _content_key(ds, tokenizer, max_length)
 
@@ -288,12 +275,6 @@ class LengthGroupedSampler(DistributedSampler):
             order += (order * math.ceil(self.total_size / len(order)))[: self.total_size - len(order)]
         return iter(order[self.rank : self.total_size : self.num_replicas])
 
-# %% ../nbs/02_dataset.ipynb #28d70f64
-def padding_fraction(batches, lengths) -> float:
-    "Fraction of token slots that are padding when each batch is padded to its longest item."
-    slots = sum(len(b) * max(lengths[i] for i in b) for b in batches)
-    return 1 - sum(lengths[i] for b in batches for i in b) / slots
-
 # %% ../nbs/02_dataset.ipynb #f18da21c
 def check_training_rows(train, requested: int | None = None):
     """Refuse training rows a classifier cannot learn AG News from: rows missing one of the four classes (it would
@@ -309,7 +290,7 @@ def check_training_rows(train, requested: int | None = None):
     if requested and len(train) < requested:
         print(f"note: train_size={requested}, but the training file has {len(train)} rows: training on all of them.")
 
-
+# %% ../nbs/02_dataset.ipynb #e02a0007
 def load_splits(cfg):
     """The training rows and the rows `evaluate` measures, for `cfg` (raw text, stratified subsets).
     With `validation_size`, that many training rows are held out; `eval_split='validation'` evaluates on them
@@ -326,15 +307,7 @@ def load_splits(cfg):
             return train, validation
     return train, stratified_subset(load_agnews("test", cfg.data_dir, cfg.data_source), cfg.test_size, seed=cfg.seed)
 
-
-def load_tokenized_splits(cfg, tokenizer):
-    """`cfg`'s training rows and the rows evaluation measures, tokenized (and cached) as torch tensors. The evaluation
-    rows are sorted by length: dealt to the ranks in turn and batched in order, their batches carry little padding."""
-    train, test = (tokenize_dataset(ds, tokenizer, cfg.max_length) for ds in load_splits(cfg))
-    by_length = sorted(range(len(test)), key=test["length"].__getitem__)
-    return train.with_format("torch"), test.select(by_length).with_format("torch")
-
-
+# %% ../nbs/02_dataset.ipynb #e02a0008
 def loader_options(tokenizer, device: str | torch.device, precision: str = "fp32") -> dict:
     """The `DataLoader` arguments for feeding `device`: batches padded to their longest row (`make_collator`), and on a
     GPU page-locked (pinned) memory for asynchronous copies, 2 worker processes that collate while the GPU computes,
@@ -349,3 +322,11 @@ def loader_options(tokenizer, device: str | torch.device, precision: str = "fp32
         persistent_workers=cuda,
         generator=torch.Generator().manual_seed(0),
     )
+
+# %% ../nbs/02_dataset.ipynb #e02a0009
+def load_tokenized_splits(cfg, tokenizer):
+    """`cfg`'s training rows and the rows evaluation measures, tokenized (and cached) as torch tensors. The evaluation
+    rows are sorted by length: dealt to the ranks in turn and batched in order, their batches carry little padding."""
+    train, test = (tokenize_dataset(ds, tokenizer, cfg.max_length) for ds in load_splits(cfg))
+    by_length = sorted(range(len(test)), key=test["length"].__getitem__)
+    return train.with_format("torch"), test.select(by_length).with_format("torch")

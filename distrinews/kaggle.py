@@ -25,14 +25,12 @@ def input_root() -> Path:
     "Where attached inputs live: $DISTRINEWS_KAGGLE_INPUT, else Kaggle's /kaggle/input (which exists only on Kaggle)."
     return Path(os.environ.get("DISTRINEWS_KAGGLE_INPUT") or "/kaggle/input")
 
-
+# %% ../nbs/12_kaggle_inputs.ipynb #c12a0002
 def attached_folders(has, root: str | os.PathLike | None = None, depth: int = 5) -> list[Path]:
     "Folders under `root` (default `input_root()`), at most `depth` levels down, for which `has(folder)` is true."
     root = Path(root or input_root())
-    if not root.is_dir():
-        return []
     found = []
-    for here, dirs, _ in os.walk(root, followlinks=True):
+    for here, dirs, _ in os.walk(root, followlinks=True):  # nothing if `root` does not exist
         level = len(Path(here).relative_to(root).parts)
         if level and has(Path(here)):
             found.append(Path(here))
@@ -42,7 +40,7 @@ def attached_folders(has, root: str | os.PathLike | None = None, depth: int = 5)
         dirs.sort()
     return found
 
-
+# %% ../nbs/12_kaggle_inputs.ipynb #c12a0004
 def _agnews_file(path: Path) -> bool:
     "True if `path` starts like an AG News CSV: the Kaggle header, or a class index 1-4 in the first field."
     try:
@@ -54,9 +52,9 @@ def _agnews_file(path: Path) -> bool:
 
 
 def is_agnews_folder(folder: Path) -> bool:
-    return all((folder / f).is_file() and _agnews_file(folder / f) for f in ("train.csv", "test.csv"))
+    return all(_agnews_file(folder / f) for f in ("train.csv", "test.csv"))
 
-
+# %% ../nbs/12_kaggle_inputs.ipynb #c12a0006
 def _choose(found: list[Path], what: str, how: str) -> Path | None:
     if len(found) > 1:
         names = ", ".join(str(p) for p in found)
@@ -66,13 +64,10 @@ def _choose(found: list[Path], what: str, how: str) -> Path | None:
 
 def find_attached_agnews(root: str | os.PathLike | None = None) -> Path | None:
     "The attached folder holding AG News' train.csv and test.csv (either layout), None if there is none."
-    return _choose(
-        attached_folders(is_agnews_folder, root),
-        "AG News (train.csv and test.csv)",
-        "DISTRINEWS_DATA_DIR=<one of them>.",
-    )
+    found = attached_folders(is_agnews_folder, root)
+    return _choose(found, "AG News (train.csv and test.csv)", "DISTRINEWS_DATA_DIR=<one of them>.")
 
-
+# %% ../nbs/12_kaggle_inputs.ipynb #c12a0008
 def is_model_folder(folder: Path) -> bool:
     "A Hugging Face model folder: config.json, weights and a tokenizer."
     weights = any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
@@ -89,20 +84,17 @@ def is_course_checkpoint(folder: Path) -> bool:
     except ValueError:
         return False
 
-
+# %% ../nbs/12_kaggle_inputs.ipynb #c12a0010
 def find_attached_encoder(name: str, root: str | os.PathLike | None = None) -> Path | None:
     """The attached model folder for hub model `name` (e.g. 'distilbert-base-uncased'), found by its name in the path
     (a dataset /kaggle/input/distilbert-base-uncased/, a Kaggle model .../distilbert-base-uncased/1/); None if none."""
     key = str(name).rstrip("/").split("/")[-1].lower()
     root = Path(root or input_root())
-
-    def fits(folder):
-        return is_model_folder(folder) and not is_course_checkpoint(folder)
-
+    fits = lambda folder: is_model_folder(folder) and not is_course_checkpoint(folder)
     found = [p for p in attached_folders(fits, root) if key in (s.lower() for s in p.relative_to(root).parts)]
     return _choose(found, f"the model {name!r}", "DISTRINEWS_MODEL_NAME=<one of them>.")
 
-
+# %% ../nbs/12_kaggle_inputs.ipynb #c12a0012
 def find_attached_checkpoint(output_dir: str = "", root: str | os.PathLike | None = None) -> Path | None:
     """The checkpoint a previous notebook saved, attached as that notebook's output (/kaggle/input/<notebook>/...):
     the one under `output_dir` (e.g. 'runs/kaggle') when there are several; None if there is none."""
