@@ -188,9 +188,12 @@ class ServerMetrics:
 
     def timed(self, fn):
         def forward(items):
-            self.batch_size.observe(len(items))
-            with self.inference.time():
+            started = time.perf_counter()
+            try:
                 return fn(items)
+            finally:  # (both together: a scrape finds as many batch sizes as forward passes)
+                self.inference.observe(time.perf_counter() - started)
+                self.batch_size.observe(len(items))
 
         return forward
 
