@@ -8,6 +8,7 @@ read the way the course reads them.
 
     python benchmarks/serving_benchmark.py                          # untrained demo checkpoint, 32 clients
     python benchmarks/serving_benchmark.py --checkpoint runs/cpu/checkpoint --requests 2000
+    python benchmarks/serving_benchmark.py --scrape-metrics-s 1     # and a third server, its /metrics read every second
 """
 
 import os

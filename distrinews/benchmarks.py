@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['training_script', 'training_flags', 'run_jobs', 'save', 'reference_loop', 'trainer_vs_reference', 'train_ddp_shm',
            'training_command', 'samples_per_s', 'ddp_scaling', 'http_json', 'server_process', 'load_texts', 'load_test',
-           'summarize', 'measure_servers', 'serving_benchmark']
+           'summarize', 'scraping', 'measure_servers', 'serving_benchmark']
 
 # %% ../nbs/07_benchmarks.ipynb #b3000001
 import contextlib
@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -310,11 +311,39 @@ def summarize(latencies: list[float], statuses: dict, wall: float) -> dict:
     figures.update({f"p{k}_ms": ms(q[k - 1]) for k in (50, 90, 99)})
     return dict(figures, max_ms=ms(max(latencies)), mean_ms=ms(statistics.mean(latencies)))
 
+# %% ../nbs/07_benchmarks.ipynb #b3000030
+@contextlib.contextmanager
+def scraping(url: str, every_s: float = 0):
+    "GET `url` every `every_s` s (0: never) in a thread while the block runs, as Prometheus does; yields the statuses."
+    statuses, stop = [], threading.Event()
+
+    def scrape():
+        while not stop.wait(every_s):
+            try:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    r.read()
+                statuses.append(r.status)
+            except OSError as e:  # (an HTTPError has the status as its code)
+                statuses.append(getattr(e, "code", type(e).__name__))
+
+    thread = threading.Thread(target=scrape, daemon=True)
+    if every_s > 0:
+        thread.start()
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        if every_s > 0:
+            thread.join()
+
 # %% ../nbs/07_benchmarks.ipynb #b3000019
-def measure_servers(modes: dict[str, list[str]], texts, warmup, concurrency: int, rounds: int) -> dict:
+def measure_servers(
+    modes: dict[str, list[str]], texts, warmup, concurrency: int, rounds: int, scrape_metrics_s: dict | None = None
+) -> dict:
     """One server per mode (its flags), side by side (an idle one costs nothing). After `warmup` requests each, the
     `texts` go to them in alternating rounds, so a change in background load on a shared machine hits every mode alike.
-    Per mode: `summarize`'s figures, each round's throughput, and the batches its /health counted."""
+    Per mode: `summarize`'s figures, each round's throughput, and the batches its /health counted. `scrape_metrics_s`:
+    per mode, read its /metrics every so many seconds during its load (`scraping`), to measure what that costs."""
     with contextlib.ExitStack() as stack:
         urls = {name: stack.enter_context(server_process(*flags)).url for name, flags in modes.items()}
         for url in urls.values():
@@ -324,9 +353,12 @@ def measure_servers(modes: dict[str, list[str]], texts, warmup, concurrency: int
             if status != 200:
                 raise RuntimeError(f"the batching={name} server has no model: {h['error']}")
         tests = {name: [] for name in modes}  # per mode, one load test per round: (latencies, statuses, wall time)
+        scrapes = {name: [] for name in modes}
         for i in range(rounds):
             for name in list(modes)[:: 1 if i % 2 == 0 else -1]:
-                tests[name].append(load_test(urls[name], texts[i::rounds], concurrency))
+                with scraping(urls[name] + "/metrics", (scrape_metrics_s or {}).get(name, 0)) as scraped:
+                    tests[name].append(load_test(urls[name], texts[i::rounds], concurrency))
+                scrapes[name] += scraped
         after = {name: http_json(url + "/health")[1] for name, url in urls.items()}
     runs = {}
     for name, t in tests.items():
@@ -337,6 +369,8 @@ def measure_servers(modes: dict[str, list[str]], texts, warmup, concurrency: int
         mean_batch = round((b1["items"] - b0["items"]) / max(1, passes), 2)
         runs[name].update(mean_batch=mean_batch, largest_batch=b1["largest_batch"])
         runs[name].update(dtype=h["dtype"], model=f"{h['model_name']} {h['model_version']}")
+        if scrapes[name]:
+            runs[name]["metrics_scrapes"] = {str(k): v for k, v in Counter(scrapes[name]).items()}
     return runs
 
 # %% ../nbs/07_benchmarks.ipynb #b300001a
@@ -353,9 +387,10 @@ def serving_benchmark(
     dtype: str = "auto",  # auto, fp32 or bf16
     batch_max_size: int = 32,
     batch_wait_ms: float = 5.0,
+    scrape_metrics_s: float = 0.0,  # > 0: a third server, batching on, its /metrics read every N s during its load
 ) -> dict:
     """Two servers of the same `checkpoint`, micro-batching on and off, the same requests (`measure_servers`); writes
-    and returns the JSON."""
+    and returns the JSON. With `scrape_metrics_s`, a third one, `on_scraped`, says what scraping /metrics costs."""
     settings, out = dict(locals()), Path(out) / f"serving_c{concurrency:02d}.json" if Path(out).is_dir() else out
     if not checkpoint:
         from distrinews.inference import make_demo_checkpoint
@@ -370,7 +405,10 @@ def serving_benchmark(
     print(f"{requests} requests from {concurrency} concurrent clients, checkpoint {checkpoint}")
     load_before = os.getloadavg()[0]
     texts, warm = load_texts(requests, max_words), load_texts(warmup, max_words, start=requests)
-    runs = measure_servers(dict(on=flags + batching, off=[*flags, "--no-batching"]), texts, warm, concurrency, rounds)
+    modes = dict(on=flags + batching, off=[*flags, "--no-batching"])
+    if scrape_metrics_s:  # the same server as `on`, its /metrics read during its load
+        modes["on_scraped"] = flags + batching
+    runs = measure_servers(modes, texts, warm, concurrency, rounds, dict(on_scraped=scrape_metrics_s))
     for name, r in runs.items():
         print(
             f"batching {name:>3}: {r['throughput_rps']:.1f} req/s, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
@@ -382,6 +420,9 @@ def serving_benchmark(
     result = dict(machine=machine, settings=dict(settings, out=str(out), checkpoint=str(checkpoint)), runs=runs)
     result.update(speedup=round(speedup, 2), p99_on_over_off=round(p99_ratio, 3))
     result["targets"] = {"throughput >= 4x": speedup >= 4, "p99 with batching <= without": p99_ratio <= 1}
+    if scrape_metrics_s:  # the same server, its /metrics scraped or not: the throughput lost
+        result["scrape_cost"] = round(1 - runs["on_scraped"]["throughput_rps"] / runs["on"]["throughput_rps"], 4)
+        result["targets"]["/metrics scraped: throughput within 2 %"] = result["scrape_cost"] <= 0.02
     return save(result, out)
 
 

@@ -4,8 +4,9 @@
 
 # %% auto #0
 __all__ = ['log', 'PREDICT_PATHS', 'NOSNIFF', 'CONNECTION', 'ERROR_RESPONSES', 'ERROR_HANDLERS', 'REQUEST_TIMEOUT', 'body_bytes',
-           'refusal_for', 'ErrorMessage', 'http_error', 'invalid_request', 'public_error', 'RequestGuard',
-           'GuardedFastAPI', 'HeaderDeadline', 'GracefulServer', 'begin_shutdown', 'guarded_server', 'answer_or_499']
+           'refusal_for', 'ErrorMessage', 'http_error', 'invalid_request', 'public_error', 'ServerMetrics',
+           'CountRequests', 'RequestGuard', 'GuardedFastAPI', 'HeaderDeadline', 'GracefulServer', 'begin_shutdown',
+           'guarded_server', 'answer_or_499']
 
 # %% ../nbs/16_server_defences.ipynb #8dd0d8092fe74a7c96281538738b07e2
 import asyncio
@@ -13,6 +14,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -20,6 +22,15 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -153,6 +164,66 @@ def public_error(message: str, checkpoint: Path | None) -> str:
     message = re.sub(r" \(it holds [^)]*\)", "", message)
     return re.sub(r"(?<![\w.:/])/(?:[^\s/'\"(),;:]+/)*[^\s/'\"(),;:]+", "<path>", message)
 
+# %% ../nbs/16_server_defences.ipynb #6c2c48c930fb40d2b36a53f5ded93929
+class ServerMetrics:
+    "The server's Prometheus metrics, in a registry of their own; `state`: the app's state (its batcher, its model)."
+
+    def __init__(self, state):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("distrinews_requests", "Answers, by route and status", ["route", "status"], registry=r)
+        self.latency = Histogram("distrinews_request_seconds", "Request to answer, by route", ["route"], registry=r)
+        self.inference = Histogram("distrinews_inference_seconds", "One forward pass of a micro-batch", registry=r)
+        sizes = [2**i for i in range(13)]  # 1 .. 4096 texts: the largest batch_max_size allowed
+        self.batch_size = Histogram("distrinews_batch_size", "Texts in one forward pass", buckets=sizes, registry=r)
+        self.queue = Gauge("distrinews_queue_depth", "Texts waiting for a forward pass", registry=r)
+        self.queue.set_function(lambda: getattr(getattr(state, "batcher", None), "queued", 0))
+        self.model = Info("distrinews_model", "The model served", registry=r)
+
+    def watch(self, batcher, classifier) -> None:
+        "Time each call of the model by `batcher` (one micro-batch); name `classifier` in `distrinews_model_info`."
+        if batcher is not None:
+            batcher.fn = self.timed(batcher.fn)
+        if classifier is not None:
+            self.model.info(dict(name=classifier.name, version=classifier.version, device=str(classifier.device)))
+
+    def timed(self, fn):
+        def forward(items):
+            started = time.perf_counter()
+            try:
+                return fn(items)
+            finally:  # (both together: a scrape finds as many batch sizes as forward passes)
+                self.inference.observe(time.perf_counter() - started)
+                self.batch_size.observe(len(items))
+
+        return forward
+
+    def response(self) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+# %% ../nbs/16_server_defences.ipynb #ae99e7d9639e4fec8309bf13dd783add
+class CountRequests:
+    "ASGI middleware: each answer counted in `metrics.requests` by route and status, its time in `metrics.latency`."
+
+    def __init__(self, app, metrics: ServerMetrics, routes: set[str]):
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]  # (no answer sent: uvicorn sends a 500)
+
+        async def send_counted(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            route = scope["path"] if scope["path"] in self.routes else "other"
+            self.metrics.requests.labels(route, str(status[0])).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+
 # %% ../nbs/16_server_defences.ipynb #b118ea5561624da68c537baed56e602f
 class RequestGuard:
     """ASGI middleware: what is refused before a route reads a request (so it costs no parsing), a deadline for the
@@ -192,14 +263,27 @@ class RequestGuard:
 
 
 class GuardedFastAPI(FastAPI):
-    """FastAPI with `RequestGuard` outermost: in front of FastAPI's own middleware too (its 413 gets `nosniff` as well).
-    Its errors answer with `ERROR_HANDLERS` (unless it is given others)."""
+    """FastAPI with `RequestGuard` outermost: in front of FastAPI's own middleware too (its 413 gets `nosniff` as well),
+    and `CountRequests` in front of it. Its errors answer with `ERROR_HANDLERS` (unless it is given others). Its
+    `state.metrics` watch the batcher and the model that its `lifespan` starts."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**{"exception_handlers": ERROR_HANDLERS, **kwargs})
+    def __init__(self, lifespan=None, **kwargs):
+        super().__init__(**{"exception_handlers": ERROR_HANDLERS, **kwargs}, lifespan=lifespan and _watched(lifespan))
+        self.state.metrics = ServerMetrics(self.state)
 
     def build_middleware_stack(self):
-        return RequestGuard(super().build_middleware_stack())
+        routes = {route.path for route in self.routes}
+        return CountRequests(RequestGuard(super().build_middleware_stack()), self.state.metrics, routes)
+
+
+def _watched(lifespan):
+    @contextlib.asynccontextmanager
+    async def watched(app):
+        async with lifespan(app) as state:
+            app.state.metrics.watch(app.state.batcher, app.state.classifier)
+            yield state
+
+    return watched
 
 # %% ../nbs/16_server_defences.ipynb #938c804e27f84196a10c8828c723f798
 _TIMEOUT_BODY = b'{"detail": "the request did not arrive in time"}'
@@ -215,7 +299,7 @@ class HeaderDeadline(asyncio.Protocol):
     answer, else a 408 and the connection is closed. `RequestGuard` finds this object in each request's
     `scope["state"]`, and says when the headers have arrived and when the answer is done."""
 
-    timeout = 10.0
+    timeout, metrics = 10.0, None  # (`metrics`: a `ServerMetrics` to count the 408s in)
 
     def __init__(self, **uvicorn_args):
         state = {**uvicorn_args.pop("app_state"), CONNECTION: self}  # uvicorn copies it into each request's scope
@@ -258,6 +342,8 @@ class HeaderDeadline(asyncio.Protocol):
             client = ":".join(map(str, (self.client or ("-", 0))[:2]))
             log.info("%s - 408 Request Timeout: the request's headers did not arrive within %g s", client, self.timeout)
             self.transport.write(REQUEST_TIMEOUT)
+            if self.metrics is not None:
+                self.metrics.requests.labels("other", "408").inc()
             self.transport.close()
 
 # %% ../nbs/16_server_defences.ipynb #504fb2a444614c0babb325280ed9130a
@@ -279,13 +365,13 @@ def begin_shutdown(app: FastAPI) -> None:
 # %% ../nbs/16_server_defences.ipynb #a51ba4b2306b4e64932b25a6d685e263
 def guarded_server(app: FastAPI, settings) -> GracefulServer:
     "uvicorn serving `app` on `settings.host`:`settings.port`, with the limits of `settings` (a `ServeSettings`)."
-    s = settings
+    s, metrics = settings, getattr(app.state, "metrics", None)
     config = uvicorn.Config(
         app,
         host=s.host,
         port=s.port,
         log_level=s.log_level,
-        http=type("HeaderDeadline", (HeaderDeadline,), dict(timeout=s.header_timeout_s)),
+        http=type("HeaderDeadline", (HeaderDeadline,), dict(timeout=s.header_timeout_s, metrics=metrics)),
         timeout_keep_alive=s.keep_alive_s,
         h11_max_incomplete_event_size=s.max_header_bytes,
         timeout_graceful_shutdown=s.shutdown_timeout_s,

@@ -373,6 +373,10 @@ def test_staged_space_serves_from_a_clean_venv(tmp_path, image_venv, probe_check
         with urllib.request.urlopen(url + "/", timeout=10) as r:
             status, page = r.status, r.read().decode()
         assert status == 200 and "<title>DistriNews" in page  # the demo page came along as package data
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:  # prometheus-client came with requirements.txt
+            metrics = r.read().decode()
+        assert 'distrinews_requests_total{route="/predict/batch",status="200"} 1.0' in metrics
+        assert f'version="{h["model_version"]}"' in metrics and "distrinews_batch_size_count 2.0" in metrics
     # the same answers as the checkpoint loaded here, in the development environment, on the server's one thread (in
     # bf16, where this CPU has it natively, 1 and 2 threads sum in other orders and differ by ~2e-3 in confidence)
     import torch

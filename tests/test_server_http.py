@@ -474,6 +474,86 @@ def test_openapi_fuzzing_finds_no_server_errors(url):
     assert len(seen) > 50 and {200, 422} <= set(seen)
 
 
+def _scrape(url: str) -> dict:
+    "/metrics read back with prometheus_client's parser: {(sample name, labels), ...: value}."
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = text_string_to_metric_families(r.text)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def _growth(before: dict, after: dict, name: str, *labels: str) -> collections.Counter:
+    "How much sample `name` grew from one scrape to the next, by the values of `labels` (those that grew)."
+    by = lambda samples: {tuple(dict(k[1])[x] for x in labels): v for k, v in samples.items() if k[0] == name}
+    grown = collections.Counter(by(after))
+    grown.subtract(by(before))
+    return +grown
+
+
+def test_metrics_count_every_answer_after_a_known_load(served):
+    """Issue 37: a server of its own (a queue of 8 texts) under a known load: good requests, bad ones refused at every
+    layer (the guard's 415 and 431, FastAPI's 413 and 422, a 404), a burst that gets 503s, a silent client and a slow
+    body (408s). /metrics counts each answer the clients saw, by route and status, exactly; the latency histograms
+    count the requests, the batch-size and inference histograms the forward passes /health counts."""
+    with started_server(served, *SERVER_ARGS, "--queue-limit", "8", env=SERVER_ENV) as server:
+        url, seen = server.url, collections.Counter()
+
+        def call(method: str, path: str, **kwargs) -> int:
+            status = httpx.request(method, url + path, timeout=60, **kwargs).status_code
+            seen[(path if path in ("/health", "/predict", "/predict/batch") else "other", str(status))] += 1
+            return status
+
+        before = _scrape(url)
+        for i in range(5):
+            assert call("POST", "/predict", json={"text": f"Oil prices climb, day {i}"}) == 200
+        assert call("POST", "/predict/batch", json={"texts": ["Mars rover lands", "Striker scores twice"]}) == 200
+        as_json = {"content-type": "application/json"}
+        assert call("POST", "/predict", content=b'{"text": ', headers=as_json) == 422  # invalid JSON
+        assert call("POST", "/predict", json={"text": "   "}) == 422
+        assert call("POST", "/predict", content=b'{"text": "a"}', headers={"content-type": "text/plain"}) == 415
+        assert call("POST", "/predict", content=b"x" * (MAX_BODY + 1), headers=as_json) == 413
+        assert call("GET", "/health", headers={"x-big": "a" * 17 * 1024}) == 431
+        assert call("GET", "/nope") == 404
+        barrier = threading.Barrier(24)
+
+        def burst(i):
+            barrier.wait()
+            return call("POST", "/predict/batch", json={"texts": [f"burst {i} text {j}" for j in range(8)]})
+
+        with concurrent.futures.ThreadPoolExecutor(24) as pool:
+            burst_statuses = collections.Counter(pool.map(burst, range(24)))
+        assert burst_statuses[503] > 0 and set(burst_statuses) <= {200, 503}, burst_statuses
+        slow_body = (
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            silent, slow = pool.map(lambda first: _closed_after(url, first)[1], [b"", slow_body])
+        assert silent.startswith(b"HTTP/1.1 408") and slow.startswith(b"HTTP/1.1 408"), (silent[:50], slow[:50])
+        seen[("other", "408")] += 1  # the silent client: its headers never came, its route is unknown
+        seen[("/predict", "408")] += 1
+        health = httpx.get(url + "/health").json()
+        seen[("/health", "200")] += 1
+        after = _scrape(url)
+
+    seen[("/metrics", "200")] += 1  # the scrape before the load
+    print(f"burst {dict(burst_statuses)}; answers {dict(seen)}")
+    assert _growth(before, after, "distrinews_requests_total", "route", "status") == seen
+    by_route = collections.Counter()
+    for (route, _), n in seen.items():
+        by_route[(route,)] += n
+    by_route[("other",)] -= 1  # the silent client's 408 never reached the app: no latency
+    assert _growth(before, after, "distrinews_request_seconds_count", "route") == by_route
+    batches, items = health["batching"]["batches"], health["batching"]["items"]
+    assert batches >= 1 + 5 and items == 5 + 2 + 8 * burst_statuses[200], health["batching"]
+    assert after[("distrinews_batch_size_count", ())] == batches and after[("distrinews_batch_size_sum", ())] == items
+    assert after[("distrinews_inference_seconds_count", ())] == batches
+    assert after[("distrinews_queue_depth", ())] == 0
+    info = {dict(k[1])["version"]: v for k, v in after.items() if k[0] == "distrinews_model_info"}
+    assert info == {health["model_version"]: 1.0}, info
+
+
 async def _hammer(url: str, clients: int, statuses: collections.Counter):
     "`clients` keep-alive clients posting one text after the other until the server's port is closed."
     host, port = _address(url)

@@ -681,6 +681,10 @@ def test_an_abandoned_request_is_not_computed(classifier, caplog):
         running.result(10)
         c.post("/predict", json={"text": "after"})  # the worker has gone past the abandoned job
         assert batcher.stats["cancelled"] == 1
+        metrics = c.get("/metrics").text  # issue 37: the 499 is counted, and the one forward pass since the start
+        assert 'distrinews_requests_total{route="/predict",status="499"} 1.0' in metrics
+        assert 'distrinews_requests_total{route="/predict",status="200"} 1.0' in metrics
+        assert "distrinews_batch_size_count 2.0" in metrics  # the blocker and "after"
     assert clf.sizes == [1, 1]  # the blocker, then "after": the abandoned text never reached the model
     assert any("499 client disconnected; its 1 text(s) dropped before their forward pass" in m for m in caplog.messages)
 
