@@ -22,15 +22,8 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import (
-    CONTENT_TYPE_PLAIN_0_0_4,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    Info,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4 as PROMETHEUS_TEXT
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -198,7 +191,7 @@ class ServerMetrics:
         return forward
 
     def response(self) -> Response:
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+        return Response(generate_latest(self.registry), media_type=PROMETHEUS_TEXT)
 
 # %% ../nbs/16_server_defences.ipynb #ae99e7d9639e4fec8309bf13dd783add
 class CountRequests:
