@@ -118,9 +118,8 @@ lane() {  # lane $1: the notebooks named, one after the other (those the caller 
   done
 }
 # two lanes of about equal length (by one run's per-notebook times on the slower host: about 450 s each), each with its own
-# environment:
-# 04, 05, 06, 11, 08, 13 (the internet on); and 00-03, 07, 09, 10, 12, 14-17 (the internet off: installed from the
-# attached wheelhouse).
+# environment: 04, 05, 06, 11, 08, 13 (the internet on); and 00-03, 07, 09, 10, 12, 14-17 (the internet off: installed
+# from the attached wheelhouse).
 # Side by side (KAGGLE_REHEARSAL_PARALLEL=1, what tests/run_tests.sh sets) they keep the 2 cores busy (three lanes
 # measured no faster: the cores are the limit). With torch's default threads the sessions would contend (03 took
 # 586 s instead of 59 s), so each gets OMP_NUM_THREADS=1 there.
