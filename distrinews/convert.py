@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -147,7 +148,7 @@ def load_strict(path: Path) -> tuple[torch.nn.Module, object, str]:
     transformers from weights read into memory. Refused where the file differs from training's manifest.json or changed
     while it was read, where the outputs are not the four AG News labels, and where a tensor is missing (it would be
     freshly initialised), left over, of another shape or not finite."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
     _quiet_transformers()
     version, sealed = weights_digest(path, 64), _read_json(path / "manifest.json").get("files")
@@ -156,8 +157,10 @@ def load_strict(path: Path) -> tuple[torch.nn.Module, object, str]:
             f"{path}/model.safetensors is not the file training wrote: its SHA-256 differs from the one in "
             "manifest.json (a partial copy, a damaged disk, another run writing into the folder). Serve an intact copy."
         )
-    try:  # safetensors only; read into memory, not memory-mapped; tensors of other shapes reported, not raised
-        kw = dict(use_safetensors=True, disable_mmap=True, local_files_only=True, ignore_mismatched_sizes=True)
+    kw = dict(use_safetensors=True, local_files_only=True, ignore_mismatched_sizes=True)  # mismatches reported below
+    if "disable_mmap" in inspect.signature(PreTrainedModel.from_pretrained).parameters:
+        kw["disable_mmap"] = True  # read into memory (transformers 5): a file cut under a mapped model would SIGBUS
+    try:  # safetensors only
         model, info = AutoModelForSequenceClassification.from_pretrained(path, output_loading_info=True, **kw)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # an unknown architecture, a config that is not JSON, weights that are not safetensors...
