@@ -129,14 +129,6 @@ def verify_checkpoint(path: str | os.PathLike) -> dict:
             )
     return files
 
-
-def _complete(folder: Path) -> bool:
-    try:
-        verify_checkpoint(folder)
-        return True
-    except CheckpointError:
-        return False
-
 # %% ../nbs/15_checkpoints.ipynb #6f52590b
 def find_checkpoint(path: str | os.PathLike) -> Path | None:
     """The checkpoint folder at `path`, or, if a crash between a save's two renames lost it, the newest *complete* copy
@@ -144,8 +136,11 @@ def find_checkpoint(path: str | os.PathLike) -> Path | None:
     path = Path(path)
     if path.exists():
         return path
-    leftovers = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return next((p for p in leftovers if _complete(p)), None)
+    for copy in sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True):
+        with contextlib.suppress(CheckpointError):
+            verify_checkpoint(copy)
+            return copy
+    return None
 
 
 def clean_checkpoint_leftovers(path: str | os.PathLike, log=print) -> list[Path]:
@@ -169,14 +164,13 @@ def no_weights_progress_bar():
     "Hide the progress bar transformers draws for every `save_pretrained`: a training log shows one line per epoch."
     from transformers.utils import logging as hf_logging
 
-    if not hf_logging.is_progress_bar_enabled():
-        yield
-        return
+    bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
-        hf_logging.enable_progress_bar()
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
 
 # %% ../nbs/15_checkpoints.ipynb #ae0e99db
 class CheckpointWriteError(RuntimeError):
@@ -265,16 +259,9 @@ def load_training_state(path, map_location: str | torch.device = "cpu") -> tuple
 
 # %% ../nbs/15_checkpoints.ipynb #67e0ed6a
 # fields that may change between a run and its resumption; everything else must match
-RESUMABLE_CHANGES = {
-    "profile",
-    "output_dir",
-    "save_every",
-    "eval_batch_size",
-    "num_threads",
-    "data_dir",
-    "test_size",
-    "comm_hook",
-}
+RESUMABLE_CHANGES = set(
+    "profile output_dir save_every eval_batch_size num_threads data_dir test_size comm_hook".split()
+)
 
 
 def check_resumable(saved: dict, cfg: RunConfig):
@@ -325,14 +312,8 @@ def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list
     """Everything besides the weights that a resumed run needs to go on exactly: `rng_states` holds one entry per
     process, in rank order. With a weight average the folder holds the average (what a server loads), and this the
     weights the optimizer trains."""
-    state = dict(
-        optimizer=optimizer.state_dict(),
-        scheduler=scheduler.state_dict(),
-        scaler=scaler.state_dict(),
-        rng=rng_states,
-        world_size=len(rng_states),
-        **dataclasses.asdict(run),
-    )
+    state = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), scaler=scaler.state_dict())
+    state.update(rng=rng_states, world_size=len(rng_states), **dataclasses.asdict(run))
     if ema is not None:
         state.update(live_weights=model.state_dict(), averaged_steps=int(ema.n_averaged))
     return state

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from distrinews.model import (
     LABELS,
@@ -47,13 +48,16 @@ def make_demo_checkpoint(
 ) -> Path:
     "Write an untrained classifier in the training checkpoint format to `path` (for demos and tests)."
     _quiet_transformers()
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    build_classifier(model_name, seed=seed).save_pretrained(path)
-    load_tokenizer(model_name).save_pretrained(path)
     run_config = dict(name="demo-untrained", model_name=model_name, max_length=max_length, profile="demo", seed=seed)
-    (path / "run_config.json").write_text(json.dumps(run_config, indent=1))
-    return path
+    return _save_folder(path, build_classifier(model_name, seed=seed), load_tokenizer(model_name), run_config)
+
+
+def _save_folder(path: str | os.PathLike, model, tokenizer, run_config: dict) -> Path:
+    "A checkpoint folder: model and tokenizer as `save_pretrained` writes them (it makes the folder), and its config."
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (Path(path) / "run_config.json").write_text(json.dumps(run_config, indent=1))
+    return Path(path)
 
 # %% ../nbs/13_reference_checkpoints.ipynb #61d6e817
 class InvalidCheckpointError(ValueError):
@@ -233,16 +237,6 @@ def unpickle_weights(pt_path: str | os.PathLike) -> tuple[dict, bytes]:
     return ckpt, data
 
 # %% ../nbs/13_reference_checkpoints.ipynb #71a16527
-def _strip_prefixes(state_dict: dict) -> dict:
-    "The keys without the wrapper's `model.` and DDP's `module.` prefixes."
-    out = {}
-    for key, value in state_dict.items():
-        for prefix in ("module.", "model."):
-            key = key.removeprefix(prefix)
-        out[key] = value
-    return out
-
-
 def _architecture(base_model: str):
     "A classifier with the architecture of `base_model`; random DistilBERT when distilbert-base-uncased is not local."
     try:
@@ -257,9 +251,11 @@ def load_reference_checkpoint(pt_path: str | os.PathLike, base_model: str | None
     "Model, tokenizer and metadata from a reference-design `.pt` checkpoint, unpickled with `weights_only=True`."
     _quiet_transformers()  # no progress bars or warnings: one line on success, one on failure
     ckpt, data = unpickle_weights(pt_path)
-    state = ckpt.get("model_state_dict", ckpt)
+    state = dict(ckpt.get("model_state_dict", ckpt))
     if not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise InvalidCheckpointError(f"{pt_path} has no `model_state_dict` of tensors (keys: {sorted(ckpt)[:10]}).")
+    for prefix in ("module.", "model."):  # saved from DDP, and the original write-up's wrapper
+        consume_prefix_in_state_dict_if_present(state, prefix)
     config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
     if config.get("num_labels", len(LABELS)) != len(LABELS):
         raise InvalidCheckpointError(f"{pt_path} has num_labels={config['num_labels']}; AG News has {len(LABELS)}.")
@@ -270,7 +266,7 @@ def load_reference_checkpoint(pt_path: str | os.PathLike, base_model: str | None
         "Pass base_model= the model it was trained from.",
     )
     try:
-        missing, unexpected = model.load_state_dict(_strip_prefixes(state), strict=False)
+        missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # tensors of the wrong shape
         detail = [line.strip() for line in str(e).splitlines() if "size mismatch" in line][:2]
         raise InvalidCheckpointError(f"{mismatch}: {'; '.join(detail) or e}. {fix}") from None
@@ -293,12 +289,7 @@ def convert_reference_checkpoint(
 ) -> Path:
     "Convert a reference-design `.pt` checkpoint into a safetensors checkpoint folder that `load_classifier` serves."
     model, tokenizer, meta = load_reference_checkpoint(pt_path, base_model)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "run_config.json").write_text(json.dumps(meta, indent=1))
-    return out_dir
+    return _save_folder(out_dir, model, tokenizer, meta)
 
 # %% ../nbs/13_reference_checkpoints.ipynb #162c6264
 def main(argv: list[str] | None = None) -> Path:
@@ -332,7 +323,6 @@ def fit_head(checkpoint: str | os.PathLike, out: str | os.PathLike, n: int = 512
     from distrinews.data import DataFolderError, load_agnews, locate_data, stratified_indices
 
     _quiet_transformers()
-    out = Path(out)
     try:
         found = load_agnews("train", source="local") if locate_data(source="local") else None
     except DataFolderError:
@@ -360,8 +350,5 @@ def fit_head(checkpoint: str | os.PathLike, out: str | os.PathLike, n: int = 512
         torch.nn.functional.cross_entropy(head(x), labels).backward()
         opt.step()
     accuracy = (head(x).argmax(-1) == labels).float().mean().item()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     run_config = dict(name="minilm-linear-probe", model_name="all-MiniLM-L6-v2", max_length=max_length)
-    (out / "run_config.json").write_text(json.dumps(dict(run_config, train_items=n, train_accuracy=accuracy)))
-    return out
+    return _save_folder(out, model, tokenizer, dict(run_config, train_items=n, train_accuracy=accuracy))

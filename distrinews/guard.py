@@ -181,11 +181,10 @@ class ServerMetrics:
 
     def timed(self, fn):
         def forward(items):
-            started = time.perf_counter()
             try:
-                return fn(items)
-            finally:  # (both together: a scrape finds as many batch sizes as forward passes)
-                self.inference.observe(time.perf_counter() - started)
+                with self.inference.time():
+                    return fn(items)
+            finally:  # (right after its time: a scrape finds as many batch sizes as forward passes)
                 self.batch_size.observe(len(items))
 
         return forward

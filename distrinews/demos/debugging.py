@@ -24,9 +24,9 @@ from ..ddp import parameter_fingerprint, replicas_in_sync
 from .concepts import demo_batch, tiny_mlp
 
 # %% auto #0
-__all__ = ['TwoHeads', 'unused_parameters_demo', 'uneven_batches_demo', 'mismatched_all_reduce', 'logging_demo', 'slow_save',
-           'try_load', 'checkpoint_demo', 'state_dict_demo', 'grads_in_sync', 'train_steps', 'SharedMemoryGradients',
-           'shared_memory_hook', 'compare_grad_sync']
+__all__ = ['TwoHeads', 'unused_parameters_demo', 'uneven_batches_demo', 'mismatched_all_reduce', 'logging_demo', 'try_load',
+           'checkpoint_demo', 'state_dict_demo', 'grads_in_sync', 'train_steps', 'shared_file', 'bucket_parts',
+           'write_share', 'add_shares', 'SharedMemoryGradients', 'shared_memory_hook', 'compare_grad_sync']
 
 # %% ../../nbs/08_debugging_ddp.ipynb #7995ba2d
 class TwoHeads(nn.Module):
@@ -64,8 +64,6 @@ def uneven_batches_demo(
     rank: int, world_size: int, batches: list[int], use_join: bool = False, linger_s: float = 0.0
 ) -> dict:
     "Rank r trains on `batches[r]` batches; `use_join`: wrap the loop in `Join`, which tolerates uneven inputs."
-    import contextlib
-
     from torch.distributed.algorithms.join import Join
 
     ddp = DDP(nn.Linear(16, 4))
@@ -110,18 +108,6 @@ def logging_demo(rank: int, world_size: int, rank0_only: bool) -> dict:
     return dict(local=loss.item(), mean=mean.item())
 
 # %% ../../nbs/08_debugging_ddp.ipynb #5262d554
-def slow_save(obj, path, pieces: int = 10, delay_s: float = 0.1):
-    "`torch.save` to `path` in `pieces` writes `delay_s` apart: a simulated slow (network) disk."
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    data = buf.getvalue()
-    with open(path, "wb") as f:
-        for i in range(pieces):
-            f.write(data[i * len(data) // pieces : (i + 1) * len(data) // pieces])
-            f.flush()
-            time.sleep(delay_s)
-
-
 def try_load(path) -> str:
     "'ok', or the error `torch.load` raises on `path`."
     try:
@@ -135,33 +121,28 @@ def checkpoint_demo(rank: int, world_size: int, path: str, strategy: str) -> dic
     """Save `tiny_mlp`'s weights to `path` and read them back, with one of three strategies (2 ranks):
     'every_rank' (both write; rank 1 starts when rank 0 is 70 % done), 'rank0_no_barrier' (rank 0 writes atomically on a
     slow disk, rank 1 reads 0.3 s later) or 'rank0_barrier' (the same, but rank 1 waits at a barrier before reading)."""
-    buf = io.BytesIO()
-    torch.save(tiny_mlp().state_dict(), buf)
-    data = buf.getvalue()
-    cut = lambda fraction: int(len(data) * fraction)
+    state = tiny_mlp().state_dict()
     dist.barrier()  # start together
     if strategy == "every_rank":
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getvalue()
+        cut = int(len(data) * (0.7 if rank == 0 else 0.3))
+        if rank == 1:
+            dist.barrier()  # (1) rank 0 is 70 % through when...
+        with open(path, "wb") as f:  # (rank 1 truncates the file)
+            f.write(data[:cut])
+            f.flush()
+            dist.barrier()  # rank 0: (1); rank 1: (2) ...rank 1 has truncated the file and written 30 %
+            dist.barrier()  # rank 0: (2); rank 1: (3) rank 0 has finished and read its checkpoint back
+            f.write(data[cut:])
+        read = try_load(path)
         if rank == 0:
-            with open(path, "wb") as f:
-                f.write(data[: cut(0.7)])
-                f.flush()
-                dist.barrier()  # (1) rank 0 is 70 % through when...
-                dist.barrier()  # (2) ...rank 1 has truncated the file and written 30 %
-                f.write(data[cut(0.7) :])
-            read = try_load(path)  # rank 0 checks its checkpoint
             dist.barrier()  # (3)
-        else:
-            dist.barrier()  # (1)
-            with open(path, "wb") as f:
-                f.write(data[: cut(0.3)])
-                f.flush()
-                dist.barrier()  # (2)
-                dist.barrier()  # (3)
-                f.write(data[cut(0.3) :])
-            read = try_load(path)
         return dict(read=read)
     if rank == 0:
-        slow_save(torch.load(io.BytesIO(data), weights_only=True), path + ".tmp")
+        time.sleep(1.0)  # a slow (network) disk: the save takes a second
+        torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)  # atomic: the file is complete, or not there at all
     if strategy == "rank0_barrier":
         dist.barrier()  # nobody goes on before the checkpoint exists
@@ -224,10 +205,90 @@ def train_steps(
         grads_in_sync=synced,
         params_in_sync=None if single else replicas_in_sync(model),
         step_s=sum(times[1:]) / max(1, len(times) - 1),
-        fingerprint=parameter_fingerprint(model).tolist(),
     )
 
 # %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c02
+def shared_file(nbytes: int, directory: str, group) -> mmap.mmap:
+    "Map one file that every rank of `group` shares; it is deleted at once (the mappings keep its memory alive)."
+    rank, path = dist.get_rank(group), [None]
+    if rank == 0:
+        fd, path[0] = tempfile.mkstemp(dir=directory, prefix="distrinews-gradients-")
+        os.close(fd)
+    dist.broadcast_object_list(path, src=dist.get_global_rank(group, 0), group=group)
+    fd = os.open(path[0], os.O_RDWR)
+    try:
+        dist.barrier(group)  # everyone has it open...
+        if rank == 0:
+            os.unlink(path[0])  # ...so it can go: the memory is freed when the last rank exits
+        try:
+            os.posix_fallocate(fd, 0, nbytes)  # reserve the memory now, or fail now
+        except OSError as e:
+            raise RuntimeError(
+                f"Cannot reserve {nbytes / 2**20:.0f} MB in {directory} for gradient averaging ({e}). "
+                "Free space there (or enlarge it: docker run --shm-size=2g), "
+                "or use DDP's own all-reduce (no hook)."
+            ) from None
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+
+# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c11
+def bucket_parts(bucket, flat: torch.Tensor, ids_seen: dict) -> tuple[list, list]:
+    """`bucket` (its buffer: `flat`) as dense (start, end) ranges and sparse (start, gradient rows, used row ids) parts:
+    the embeddings of `ids_seen` ({`id` of the weight: the token ids seen since the last synchronisation})."""
+    dense, sparse, start = [], [], 0
+    for p, g in zip(bucket.parameters(), bucket.gradients()):
+        if id(p) not in ids_seen:
+            continue
+        at = (g.data_ptr() - flat.data_ptr()) // flat.element_size()
+        if not (0 <= at and at + g.numel() <= flat.numel()):
+            raise RuntimeError(
+                "DDP gave the hook a gradient that is not a view of its bucket; use DDP's own all-reduce (no hook)."
+            )
+        seen = ids_seen[id(p)]
+        # without recorded ids (no forward went through the hook), find the non-zero rows
+        used = torch.cat(seen).unique() if seen else g.view(g.shape[0], -1).ne(0).any(1).nonzero().flatten()
+        seen.clear()
+        if at > start:
+            dense.append((start, at))
+        sparse.append((at, g.view(g.shape[0], -1), used))
+        start = at + g.numel()
+    if start < flat.numel():
+        dense.append((start, flat.numel()))
+    return dense, sparse
+
+# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c14
+def write_share(flat, dense, sparse, values, row_ids, n: int) -> int:
+    "Step 1: this rank's share of the average of `flat` over `n` ranks into its slots; returns the numbers it wrote."
+    for a, b in dense:
+        torch.div(flat[a:b], n, out=values[a:b])
+    at, sent = 0, sum(b - a for a, b in dense)
+    for a, rows, used in sparse:
+        k, width = len(used), rows.shape[1]
+        row_ids[at] = k
+        row_ids[at + 1 : at + 1 + k] = used
+        torch.div(rows.index_select(0, used), n, out=values[a : a + k * width].view(k, width))
+        at += 1 + rows.shape[0]
+        sent += k * width
+    return sent
+
+# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c18
+def add_shares(flat, dense, sparse, values, row_ids):
+    "Step 3: every rank's share (`values[r]`, `row_ids[r]`) summed into `flat` in rank order: the same on every rank."
+    for a, b in dense:
+        flat[a:b].copy_(values[0, a:b])
+        for r in range(1, len(values)):
+            flat[a:b].add_(values[r, a:b])
+    at = 0
+    for a, rows, used in sparse:
+        width = rows.shape[1]
+        rows.index_fill_(0, used, 0)
+        for r in range(len(values)):
+            k = int(row_ids[r, at])
+            rows.index_add_(0, row_ids[r, at + 1 : at + 1 + k], values[r, a : a + k * width].view(k, width))
+        at += 1 + rows.shape[0]
+
+# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c16
 class SharedMemoryGradients:
     "State of a DDP communication hook that averages gradients through shared memory, for ranks on one machine."
 
@@ -238,75 +299,25 @@ class SharedMemoryGradients:
         self.capacity = sum(p.numel() for p in model.parameters() if p.requires_grad)
         # embeddings whose gradient is sparse; a weight shared with another module (tied embeddings) is dense
         users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
-        embeddings = [
-            m
-            for m in model.modules()
-            if isinstance(m, nn.Embedding) and m.weight.requires_grad and not m.sparse and users[id(m.weight)] == 1
-        ]
+        embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad]
+        embeddings = [m for m in embeddings if not m.sparse and users[id(m.weight)] == 1]
         self.ids_seen = {id(m.weight): [] for m in embeddings}  # token ids since the last synchronisation
         for m in embeddings:
             m.register_forward_pre_hook(partial(self._remember_ids, id(m.weight)))
         row_capacity = sum(m.weight.shape[0] + 1 for m in embeddings) or 1
-        self._map = self._shared_file(2 * self.world_size * (4 * self.capacity + 8 * row_capacity), directory)
-        floats = 2 * self.world_size * self.capacity
+        nbytes = 2 * self.world_size * (4 * self.capacity + 8 * row_capacity)
+        self._map, floats = shared_file(nbytes, directory, self.group), 2 * self.world_size * self.capacity
         self.values = torch.frombuffer(self._map, dtype=torch.float32, count=floats).view(2, self.world_size, -1)
         self.row_ids = torch.frombuffer(self._map, dtype=torch.int64, offset=4 * floats).view(2, self.world_size, -1)
         self.calls, self.numbers_sent, self.numbers_total = 0, 0, 0
-
-    def _shared_file(self, nbytes: int, directory: str) -> mmap.mmap:
-        "Map one file that every rank of the group shares; it is deleted (and kept alive by the mappings) at once."
-        path = [None]
-        if self.rank == 0:
-            fd, path[0] = tempfile.mkstemp(dir=directory, prefix="distrinews-gradients-")
-            os.close(fd)
-        dist.broadcast_object_list(path, src=dist.get_global_rank(self.group, 0), group=self.group)
-        fd = os.open(path[0], os.O_RDWR)
-        try:
-            dist.barrier(self.group)  # everyone has it open...
-            if self.rank == 0:
-                os.unlink(path[0])  # ...so it can go: the memory is freed when the last rank exits
-            try:
-                os.posix_fallocate(fd, 0, nbytes)  # reserve the memory now, or fail now
-            except OSError as e:
-                raise RuntimeError(
-                    f"Cannot reserve {nbytes / 2**20:.0f} MB in {directory} for gradient averaging ({e}). "
-                    "Free space there (or enlarge it: docker run --shm-size=2g), "
-                    "or use DDP's own all-reduce (no hook)."
-                ) from None
-            return mmap.mmap(fd, nbytes)
-        finally:
-            os.close(fd)
 
     def _remember_ids(self, key, module, args):
         if torch.is_grad_enabled():
             self.ids_seen[key].append(args[0].detach().flatten())
 
-    def _split(self, bucket, flat):
-        "The bucket as dense (start, end) ranges and sparse (start, gradient rows, used row ids) parts."
-        dense, sparse, start = [], [], 0
-        for p, g in zip(bucket.parameters(), bucket.gradients()):
-            if id(p) not in self.ids_seen:
-                continue
-            at = (g.data_ptr() - flat.data_ptr()) // flat.element_size()
-            if not (0 <= at and at + g.numel() <= flat.numel()):
-                raise RuntimeError(
-                    "DDP gave the hook a gradient that is not a view of its bucket; use DDP's own all-reduce (no hook)."
-                )
-            seen = self.ids_seen[id(p)]
-            # without recorded ids (no forward went through the hook), find the non-zero rows
-            used = torch.cat(seen).unique() if seen else g.view(g.shape[0], -1).ne(0).any(1).nonzero().flatten()
-            seen.clear()
-            if at > start:
-                dense.append((start, at))
-            sparse.append((at, g.view(g.shape[0], -1), used))
-            start = at + g.numel()
-        if start < flat.numel():
-            dense.append((start, flat.numel()))
-        return dense, sparse
-
     def average(self, bucket) -> torch.Tensor:
         "Average `bucket` over all ranks, in place."
-        flat, n, me = bucket.buffer(), self.world_size, self.rank
+        flat = bucket.buffer()
         if flat.numel() > self.capacity or flat.dtype != torch.float32:
             raise RuntimeError(
                 f"gradient bucket of {flat.numel():,} {flat.dtype} values does not fit the shared slots "
@@ -315,32 +326,11 @@ class SharedMemoryGradients:
         half = self.calls % 2
         self.calls += 1  # alternate halves: a fast rank never overwrites what a slow one reads
         values, row_ids = self.values[half], self.row_ids[half]
-        dense, sparse = self._split(bucket, flat)
-        for a, b in dense:
-            torch.div(flat[a:b], n, out=values[me, a:b])  # 1. my share, divided by n
-        at = 0
-        for a, rows, used in sparse:
-            k, width = len(used), rows.shape[1]
-            row_ids[me, at] = k
-            row_ids[me, at + 1 : at + 1 + k] = used
-            torch.div(rows.index_select(0, used), n, out=values[me, a : a + k * width].view(k, width))
-            at += 1 + rows.shape[0]
-            self.numbers_sent += k * width
-        self.numbers_sent += sum(b - a for a, b in dense)
+        dense, sparse = bucket_parts(bucket, flat, self.ids_seen)
+        self.numbers_sent += write_share(flat, dense, sparse, values[self.rank], row_ids[self.rank], self.world_size)
         self.numbers_total += flat.numel()
         dist.barrier(self.group)  # 2. every share is written
-        for a, b in dense:  # 3. add them up in rank order
-            torch.add(values[0, a:b], values[1, a:b], out=flat[a:b])
-            for r in range(2, n):
-                flat[a:b].add_(values[r, a:b])
-        at = 0
-        for a, rows, used in sparse:
-            width = rows.shape[1]
-            rows.index_fill_(0, used, 0)
-            for r in range(n):
-                k = int(row_ids[r, at])
-                rows.index_add_(0, row_ids[r, at + 1 : at + 1 + k], values[r, a : a + k * width].view(k, width))
-            at += 1 + rows.shape[0]
+        add_shares(flat, dense, sparse, values, row_ids)
         return flat
 
 
