@@ -261,6 +261,32 @@ def program_speed_section(r: dict) -> list:
     return md + [""]
 
 
+def trainer_peer_section(peers: list[dict]) -> list:
+    "The training script against Hugging Face's Trainer: one table row per side of each run (`trainer_peer.py`)."
+    md = [
+        "## The training script vs Hugging Face's `Trainer`",
+        "",
+        "Same encoder, rows, epoch, batch, schedule, optimizer, length-grouped batches, precision and data loader; "
+        "alternating runs, one seed per round for both sides (`benchmarks/trainer_peer.py`). Medians, with the range "
+        "over the rounds. `before`: the script before the loss was read only every `--log-every` steps.",
+        "",
+        "| machine | precision | side | runs | samples/s | accuracy | script / Trainer | accuracy gap (seed spread) |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in peers:
+        where = r["gpu"] or _machine(r["machine"])
+        for side, s in r["summary"].items():
+            v, a = s["samples_per_s"], s["accuracy"]
+            ratio = f"**{r['ratio_script_over_trainer']:.2f}x**" if side == "script" else ""
+            gap = f"{r['accuracy_gap']:+.2%} ({r['accuracy_seed_spread']:.2%})" if side == "script" else ""
+            md.append(
+                f"| {where} | {r['settings']['precision']} | {side} | {sum(x['side'] == side for x in r['runs'])} "
+                f"| {v['median']:.0f} ({v['min']:.0f}-{v['max']:.0f}) "
+                f"| {a['median']:.2%} ({a['min']:.2%}-{a['max']:.2%}) | {ratio} | {gap} |"
+            )
+    return md + [""]
+
+
 def render(results: Path = HERE / "results", out: Path = HERE) -> str:
     "Write README.md and the charts for the results in `results` into `out`; return the Markdown."
     import matplotlib
@@ -306,6 +332,9 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
             "",
         ]
         chart_trainer(r, out / "trainer_vs_reference.png")
+    peers = [R[k] for k in sorted(R) if k.startswith("trainer_peer")]
+    if peers:
+        md += trainer_peer_section(peers)
     ddp_keys = sorted(k for k in R if k.startswith("ddp_scaling"))
     for key in ddp_keys:
         md += ddp_section(key, R[key], R[ddp_keys[0]] if key != ddp_keys[0] else None)

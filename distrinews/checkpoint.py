@@ -260,7 +260,7 @@ def load_training_state(path, map_location: str | torch.device = "cpu") -> tuple
 # %% ../nbs/15_checkpoints.ipynb #67e0ed6a
 # fields that may change between a run and its resumption; everything else must match
 RESUMABLE_CHANGES = set(
-    "profile output_dir save_every eval_batch_size num_threads data_dir test_size comm_hook".split()
+    "profile output_dir save_every eval_batch_size num_threads data_dir test_size comm_hook log_every".split()
 )
 
 
@@ -360,6 +360,7 @@ def write_metrics(cfg: RunConfig, run: RunState) -> str:
         f"{m['accuracy']:.2%} on {m['eval_count']}"
         + (f" (live weights {m['live_accuracy']:.2%})" if "live_accuracy" in m else "")
         + f" | {m['train_samples_per_s']:.1f} samples/s"
+        + (f" | MFU {m['mfu']:.1%}" if "mfu" in m else "")
     )
     if m["epoch"] == cfg.epochs:
         per_class = ", ".join(f"{k} {v:.1%}" for k, v in m["per_class_accuracy"].items())

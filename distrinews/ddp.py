@@ -190,46 +190,31 @@ def interconnect_summary() -> str:
 
 
 def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], iters: int, warmup: int, queue):
-    "One rank of `allreduce_bandwidth`: time `iters` all-reduces per size; rank 0 puts the rows on `queue`."
+    "One rank of `allreduce_bandwidth`: seconds per all-reduce of each size (the slowest rank's), by rank 0 to `queue`."
     import time
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(1)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    rows = []
+    torch.cuda.set_device(device) if cuda else torch.set_num_threads(1)
+    init = f"tcp://127.0.0.1:{port}"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world_size)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)  # a GPU's work is asynchronous: wait before the clock
     try:
+        seconds = []
         for size in sizes:
             x = torch.ones(size // 4, dtype=torch.float32, device=device)
-            for _ in range(warmup):
+            for i in range(warmup + iters):
+                if i == warmup:
+                    dist.barrier()
+                    sync()
+                    start = time.perf_counter()
                 dist.all_reduce(x)
-            dist.barrier()
-            if cuda:
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            if cuda:
-                torch.cuda.synchronize(device)
+            sync()
             took = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
             dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-            algbw = size / took.item() / 1e9
-            rows.append(
-                dict(
-                    bytes=size,
-                    count=size // 4,
-                    time_us=took.item() * 1e6,
-                    algbw_gbs=algbw,
-                    busbw_gbs=algbw * 2 * (world_size - 1) / world_size,
-                )
-            )
+            seconds.append(took.item())
         if rank == 0:
-            queue.put(rows)
+            queue.put(seconds)
     finally:
         dist.destroy_process_group()
 
@@ -252,7 +237,9 @@ def allreduce_bandwidth(
                 nprocs=world_size,
                 start_method="spawn",
             )
-            return queue.get()
+            seconds, n = queue.get(), world_size
+            return [dict(bytes=b, count=b // 4, time_us=t * 1e6, algbw_gbs=b / t / 1e9,
+                         busbw_gbs=b / t / 1e9 * 2 * (n - 1) / n) for b, t in zip(sizes, seconds)]  # fmt: skip
         except torch.multiprocessing.ProcessRaisedException as e:
             if "EADDRINUSE" not in str(e) or attempt == 2:
                 raise
@@ -260,13 +247,8 @@ def allreduce_bandwidth(
 
 def bandwidth_table(rows: list[dict]) -> str:
     "`allreduce_bandwidth`'s rows as nccl-tests prints them."
-    lines = [
-        f"{'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>8} {'busbw':>8}",
-        f"{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}",
-    ]
-    for r in rows:
-        lines.append(
-            f"{r['bytes']:>12} {r['count']:>12} {'float':>6} {'sum':>6} {r['time_us']:>10.1f} "
-            f"{r['algbw_gbs']:>8.2f} {r['busbw_gbs']:>8.2f}"
-        )
-    return "\n".join(lines)
+    line = "{:>12} {:>12} {:>6} {:>6} {:>10} {:>8} {:>8}".format
+    header = [line("size", "count", "type", "redop", "time", "algbw", "busbw"),
+              line("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)")]  # fmt: skip
+    return "\n".join(header + [line(r["bytes"], r["count"], "float", "sum", f"{r['time_us']:.1f}",
+                                     f"{r['algbw_gbs']:.2f}", f"{r['busbw_gbs']:.2f}") for r in rows])  # fmt: skip

@@ -56,9 +56,7 @@ class RunConfig:
     max_grad_norm: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
     label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0  # target probability spread over the other classes
     layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0  # each layer's lr: this x the one above's (1: all alike)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = (
-        "auto"  # auto: bf16 where native, fp16 on older GPUs, else fp32
-    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where native, fp16 on old GPUs, or fp32
     seed: int = 42
     output_dir: str = "runs/cpu"
     save_every: Annotated[int, Field(ge=0)] = 0  # optimizer steps between resumable checkpoints (0: at epochs' ends)
@@ -67,9 +65,8 @@ class RunConfig:
     pooling: Literal["cls", "mean"] = "cls"  # what the head reads: the first token ([CLS]) or the mean of all tokens
     ema_decay: Annotated[float, Field(ge=0, lt=1)] = 0.0  # > 0: also keep (evaluate, save) a moving average of weights
     num_threads: Annotated[int, Field(ge=1)] | None = None  # torch CPU threads per process (None: torch's default)
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = (
-        "none"  # DDP: none = plain all-reduce; else a built-in hook
-    )
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"  # DDP: none = plain all-reduce, or a hook
+    log_every: Annotated[int, Field(ge=1)] = 10  # optimizer steps between reads of the loss (a GPU sync each)
 
     def __post_init__(self):  # the ranges are in the annotations (checked by pydantic); this needs two fields
         if self.eval_split == "validation" and self.validation_size < 1:

@@ -8,8 +8,8 @@ from __future__ import annotations  # noqa: I001  (the library's names in compac
 import argparse
 import contextlib
 import importlib.util
+import math
 import os
-import random
 import re
 import shutil
 import signal
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from torch.nn.utils import clip_grad_norm_
+from transformers import set_seed
 
 from distrinews.checkpoint import (
     CheckpointError, check_resumable, check_writable, checkpoint_dir, clean_checkpoint_leftovers, find_checkpoint,
@@ -30,16 +31,10 @@ from distrinews.model import (
 )  # fmt: skip
 
 # %% auto #0
-__all__ = ['seed_everything', 'make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'make_weight_average',
-           'NonFiniteError', 'check_finite_weights', 'restarted', 'prepare_run', 'load_model', 'autocast',
-           'optimizer_step', 'check_finite_loss', 'evaluate_counts', 'metrics_from_counts', 'epoch_metrics',
-           'simulate_failure', 'per_rank_batch_size', 'training_parser', 'check_config', 'clear_errors']
-
-# %% ../nbs/03_single_gpu.ipynb #fc8c4037
-def seed_everything(seed: int):
-    "Seed Python's and torch's (CPU and CUDA) random number generators."
-    random.seed(seed)
-    torch.manual_seed(seed)
+__all__ = ['make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'make_weight_average', 'NonFiniteError',
+           'check_finite_weights', 'restarted', 'prepare_run', 'load_model', 'autocast', 'optimizer_step',
+           'check_finite_loss', 'evaluate_counts', 'metrics_from_counts', 'epoch_metrics', 'simulate_failure',
+           'per_rank_batch_size', 'training_parser', 'check_config', 'clear_errors']
 
 # %% ../nbs/03_single_gpu.ipynb #df4fd1c9
 def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float = 1.0) -> torch.optim.AdamW:
@@ -141,7 +136,7 @@ def prepare_run(cfg: RunConfig, resume: str = "auto", tidy: bool = True) -> Path
 # %% ../nbs/03_single_gpu.ipynb #2e225ce9
 def load_model(cfg: RunConfig, checkpoint: Path | None = None, device: str | torch.device = "cpu"):
     "The tokenizer and the classifier on `device` (seeded): from `checkpoint` if resuming, else from `cfg.model_name`."
-    seed_everything(cfg.seed)
+    set_seed(cfg.seed)  # transformers': Python's, NumPy's and torch's random generators
     source = checkpoint or cfg.model_name
     model = build_classifier(source, seed=cfg.seed, dropout=cfg.dropout, pooling=cfg.pooling)
     # eager attention on CPUs, where SDPA's backward pass is slow (notebook 03: "The attention kernel")
@@ -163,11 +158,11 @@ def optimizer_step(optimizer, scaler, scheduler, model, max_grad_norm: float) ->
     return grad_norm
 
 
-def check_finite_loss(loss: torch.Tensor, step: int, precision: str):
-    "Stop a diverged run at once (fp16 excepted: its scaler skips such steps and lowers the scale)."
-    if precision != "fp16" and not torch.isfinite(loss).all():
+def check_finite_loss(loss: float, step: int, precision: str):
+    "Stop a diverged run (fp16 excepted: its scaler skips such steps and lowers the scale)."
+    if precision != "fp16" and not math.isfinite(loss):
         raise NonFiniteError(
-            f"the training loss is {loss.item()} at step {step + 1}: the run diverged. Nothing after the last "
+            f"the training loss is {loss} at step {step}: the run diverged. Nothing after the last "
             "checkpoint was saved; lower the learning rate (--lr) and start over with --fresh."
         )
 

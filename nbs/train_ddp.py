@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from distrinews.ddp import init_options, peak_gpu_memory, register_comm_hook, replicas_in_sync, step_profiler
 from distrinews.data import LengthGroupedSampler, load_tokenized_splits, loader_options
 from distrinews.model import config_from_args, make_grad_scaler, pick_device, pick_precision
-from distrinews.tracking import Tracker
+from distrinews.tracking import Tracker, peak_flops, training_flops
 from distrinews.train import (
     autocast, check_config, check_finite_loss, check_finite_weights, clear_errors, epoch_metrics,
     evaluate_counts, load_model, make_optimizer, make_scheduler, make_weight_average, metrics_from_counts,
@@ -85,7 +85,20 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
     scaler = make_grad_scaler(precision, device)  # fp16 only: scales the loss so that small gradients survive
     run = resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, raw_model, ema, log)
     tracker = Tracker(cfg, report_to, run.step, rank)  # --report-to: TensorBoard or W&B, from rank 0 only
+    steps_to_log = []  # (step, loss, lr, gradient norm), the tensors still on the device until they are read
     profiler = step_profiler(cfg, profile_steps, rank)  # --profile-steps N: a timeline of N steps, a trace per rank
+    row_flops = training_flops(raw_model, train_dl.dataset["length"]) / len(train_dl.dataset)  # per training row
+    peak, peak_source = peak_flops(device, precision)  # one process's: the job's is world_size times this
+
+    def read_steps():
+        "Read the steps' losses from the device: one wait for the GPU every --log-every steps, not one per step."
+        values = torch.stack([torch.stack([loss, norm.float()]) for _, loss, _, norm in steps_to_log]).tolist()
+        steps = [(step, loss, lr, norm) for (step, _, lr, _), (loss, norm) in zip(steps_to_log, values)]
+        for step, loss, _, _ in steps:
+            check_finite_loss(loss, step, precision)
+            run.train_log.append((step, loss))
+        tracker.log_steps(steps, samples * world_size)
+        steps_to_log.clear()
 
     def save_snapshot():
         "A resumable checkpoint: weights, optimizer, schedule, the place in the data and the random streams."
@@ -97,13 +110,14 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
             save_checkpoint(checkpoint_dir(cfg), shipped, tokenizer, cfg, state)
         dist.barrier()  # no rank goes on (or reads the checkpoint) before it is complete
 
-    log(f"{world_size} process(es) x batch {cfg.batch_size} x {cfg.grad_accum} accumulation, {device}, {precision}")
+    log(f"{world_size} process(es) x batch {cfg.batch_size} x {cfg.grad_accum} accumulation, {device}, {precision}, "
+        f"peak {world_size * peak / 1e12:.3g} TFLOP/s ({world_size} x {peak_source})")  # fmt: skip
     if device.type == "cuda":  # every rank's peak memory, gathered (all ranks call it), printed by rank 0
         log(peak_gpu_memory(device))
     for epoch in range(run.epoch, cfg.epochs):
         sampler.set_epoch(epoch)  # a new shuffle every epoch
         model.train()
-        loss_sum, batches, samples, started = 0.0, 0, 0, time.perf_counter()
+        loss_sum, batches, samples, started = torch.zeros((), device=device), 0, 0, time.perf_counter()
         bar = tqdm(total=len(train_dl), initial=run.batches_done, desc=f"epoch {epoch + 1}/{cfg.epochs}",
                    disable=not master_process, leave=False, mininterval=2)  # fmt: skip
         for i, batch in enumerate(itertools.islice(train_dl, run.batches_done, None), start=run.batches_done):
@@ -116,8 +130,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
                     logits = model(**batch).logits
                 loss = torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
                 scaler.scale(loss / cfg.grad_accum).backward()
-            check_finite_loss(loss, run.step, precision)
-            loss_sum, batches, samples = loss_sum + loss.item(), batches + 1, samples + len(labels)
+            loss_sum, batches, samples = loss_sum + loss.detach(), batches + 1, samples + len(labels)
             run.batches_done = i + 1
             bar.update()
             if last_micro_batch:
@@ -126,18 +139,21 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
                 if ema is not None:
                     ema.update_parameters(raw_model)
                 run.step += 1
-                run.train_log.append((run.step, loss.item()))
-                tracker.log_step(run.step, loss.item(), lr, grad_norm, samples * world_size)
+                steps_to_log.append((run.step, loss.detach().float(), lr, grad_norm))
+                saving = cfg.save_every and run.step % cfg.save_every == 0
+                if run.step % cfg.log_every == 0 or saving or i + 1 == len(train_dl):
+                    read_steps()  # and check that the loss is finite: a diverged run stops within --log-every steps
                 profiler.step()
                 simulate_failure(fail_at_step, run.step, rank)  # the fault-tolerance demo (--simulate-failure-at-step)
-                if cfg.save_every and run.step % cfg.save_every == 0:
+                if saving:
                     save_snapshot()
         bar.close()
-        seconds = time.perf_counter() - started
-        totals = torch.tensor([loss_sum, batches, samples], dtype=torch.float64, device=device)
+        totals = torch.tensor([loss_sum.item(), batches, samples], dtype=torch.float64, device=device)
+        seconds = time.perf_counter() - started  # after .item(), which waits until the device has done the epoch's work
         dist.all_reduce(totals)  # the loss and the samples of every rank
         run.epoch, run.batches_done = epoch + 1, 0
         metrics = dict(epoch=run.epoch, step=run.step, **epoch_metrics(totals, seconds))
+        metrics["mfu"] = row_flops * metrics["train_samples_per_s"] / (world_size * peak)  # model-FLOPs utilisation
         metrics.update(evaluate(shipped, test_dl, device, precision))
         if ema is not None:  # the live weights beside their average, on the same run
             live = evaluate(raw_model, test_dl, device, precision)

@@ -22,7 +22,7 @@ MACHINE_PATH = re.compile(r"/work/|/tmp/|/root/|/home/[a-z]|site-packages")
 WITH_IMAGE = {"00", "03", "04", "07"}
 # calls that end a cell without showing anything (checks, clean-up)
 SILENT_CALLS = re.compile(
-    r"^(test_\w*|assert\w*|shutdown_workers|close|rmtree|shutdown|seed_everything|manual_seed|"
+    r"^(test_\w*|assert\w*|shutdown_workers|close|rmtree|shutdown|manual_seed|"
     r"set_num_threads|destroy_process_group|cleanup_distributed|write_text|mkdir|unlink)$"
 )
 

@@ -69,6 +69,7 @@ def check_tracking(out: Path, model_name: Path):
     acc = EventAccumulator(str(runs), size_guidance={"scalars": 0, "tensors": 0}).Reload()
     state, cfg = load_training_state(out / "checkpoint")
     history = json.loads((out / "metrics.json").read_text())
+    assert all(0 < m["mfu"] < 1 for m in history), history  # the model-FLOPs utilisation, a share of the peak
 
     losses = [(e.step, e.value) for e in acc.Scalars("train/loss")]
     assert [s for s, _ in losses] == list(range(1, 13))  # every step exactly once, step 9 from the restart
