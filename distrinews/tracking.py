@@ -59,8 +59,7 @@ class Tracker:
             self.wandb.log(values, step=step)
 
     def log_steps(self, steps: list[tuple], samples: int):
-        """Optimizer steps read together, each `(step, loss, lr, grad_norm)`; `samples`: this epoch's rows so far over
-        all ranks (their rate since the last call is each step's samples/s)."""
+        "Steps read together, each `(step, loss, lr, grad_norm)`; `samples`: the epoch's rows so far, over all ranks."
         (then, before), self.last = self.last, (time.perf_counter(), samples)
         speed = (samples - before) / (self.last[0] - then)
         for k, (step, loss, lr, grad_norm) in enumerate(steps, 1):
@@ -84,8 +83,7 @@ class Tracker:
 
 # %% ../nbs/17_tracking.ipynb #8f11b82d
 def training_flops(model, lengths) -> float:
-    """The FLOPs of one training pass (forward and backward: 3x the forward) over rows of these token `lengths`: 2 per
-    weight of a matrix product per token, and attention's two products over every pair of a row's tokens."""
+    "FLOPs of a training pass (3x the forward) over rows of token `lengths`: 2 per weight per token, and attention's."
     weights = sum(p.numel() for n, p in model.named_parameters() if p.ndim > 1 and "embeddings" not in n)
     lengths = torch.as_tensor(lengths, dtype=torch.float64)
     cfg = model.config  # DistilBERT's n_layers and dim answer to these names too
@@ -106,10 +104,12 @@ def peak_flops(device, precision: str) -> tuple[float, str]:
                 return (single if precision == "fp32" else half) * 1e12, f"{gpu} datasheet, {precision}"
     cache = Path(os.environ.get("DISTRINEWS_CACHE") or Path.home() / ".cache" / "distrinews") / "peak_flops.json"
     key = f"{socket.gethostname()} {device} {torch.get_num_threads()} threads {precision} torch {torch.__version__}"
-    known = json.loads(cache.read_text()) if cache.exists() else {}
+    known = json.loads(cache.read_text()) if cache.exists() else {}  # written whole or not at all (below)
     if key not in known:  # the best of 3 products of 2048 x 2048 matrices, after one to warm up
         a = torch.randn(2048, 2048, device=device, dtype=AUTOCAST_DTYPES[precision] or torch.float32)
         known[key] = 2 * 2048**3 / min(timeit.repeat(lambda: (a @ a).sum().item(), number=1, repeat=4)[1:])
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(known, indent=1))
+        part = cache.with_suffix(f".{os.getpid()}.part")  # whole or not at all: DDP's ranks measure at the same time
+        part.write_text(json.dumps(known, indent=1))
+        os.replace(part, cache)
     return known[key], f"a 2048x2048 {precision} matrix product measured on {torch.get_num_threads()} thread(s)"
