@@ -168,13 +168,15 @@ def main(argv=None):
     ratio = summary["script"]["samples_per_s"]["median"] / summary["trainer"]["samples_per_s"]["median"]
     accuracy_gap = summary["script"]["accuracy"]["median"] - summary["trainer"]["accuracy"]["median"]
     seed_spread = max(s["accuracy"]["max"] - s["accuracy"]["min"] for s in summary.values())
+    within = abs(accuracy_gap) <= seed_spread if a.repeats > 1 else None  # one round: no spread measured
+    verdict = {True: "within it", False: "beyond it", None: "one round: not measured"}[within]
     print(f"script / Trainer: {ratio:.2f}x samples/s; accuracy {accuracy_gap:+.2%} (seed-to-seed spread "
-          f"{seed_spread:.2%}: {'within' if abs(accuracy_gap) <= seed_spread else 'beyond'} it)")  # fmt: skip
+          f"{seed_spread:.2%}: {verdict})")  # fmt: skip
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     result = dict(benchmark="trainer_peer", workers=a.workers, settings=vars(a) | dict(before=str(a.before or "")),
                   flags=shlex.join(flags), runs=runs, summary=summary, ratio_script_over_trainer=round(ratio, 3),
                   accuracy_gap=round(accuracy_gap, 4), accuracy_seed_spread=round(seed_spread, 4),
-                  accuracy_gap_within_spread=abs(accuracy_gap) <= seed_spread, gpu=gpu)  # fmt: skip
+                  accuracy_gap_within_spread=within, gpu=gpu)  # fmt: skip
     save(result, a.out)
 
 
