@@ -268,19 +268,23 @@ def trainer_peer_section(peers: list[dict]) -> list:
         "",
         "Same encoder, rows, epoch, batch, schedule, optimizer, length-grouped batches, precision and data loader; "
         "alternating runs, one seed per round for both sides (`benchmarks/trainer_peer.py`). Medians, with the range "
-        "over the rounds. `before`: the script before the loss was read only every `--log-every` steps.",
+        "over the rounds. `before`: the script before the loss was read only every `--log-every` steps; `variant`: the "
+        "script with the flags its row names.",
         "",
-        "| machine | precision | side | runs | samples/s | accuracy | script / Trainer | accuracy gap (seed spread) |",
+        "| machine | precision | side | runs | samples/s | accuracy | ratio | accuracy gap (seed spread) |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in peers:
         where = r["gpu"] or _machine(r["machine"])
         for side, s in r["summary"].items():
             v, a = s["samples_per_s"], s["accuracy"]
-            ratio = f"**{r['ratio_script_over_trainer']:.2f}x**" if side == "script" else ""
+            ratio = f"**{r['ratio_script_over_trainer']:.2f}x** script / Trainer" if side == "script" else ""
+            if side not in ("script", "trainer"):  # before (another checkout) or variant (other flags), vs the script
+                ratio = f"{v['median'] / r['summary']['script']['samples_per_s']['median']:.2f}x {side} / script"
             gap = f"{r['accuracy_gap']:+.2%} ({r['accuracy_seed_spread']:.2%})" if side == "script" else ""
+            name = f"{side} `{r['settings']['variant']}`" if side == "variant" else side
             md.append(
-                f"| {where} | {r['settings']['precision']} | {side} | {sum(x['side'] == side for x in r['runs'])} "
+                f"| {where} | {r['settings']['precision']} | {name} | {sum(x['side'] == side for x in r['runs'])} "
                 f"| {v['median']:.0f} ({v['min']:.0f}-{v['max']:.0f}) "
                 f"| {a['median']:.2%} ({a['min']:.2%}-{a['max']:.2%}) | {ratio} | {gap} |"
             )

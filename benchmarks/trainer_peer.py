@@ -18,6 +18,8 @@ outside it on both sides. `--workers 2` runs train_ddp.py under torchrun against
     python benchmarks/trainer_peer.py --train-size 128 --test-size 64 --repeats 1 --out /tmp/peer.json   # smoke
     # a third side: the script and package of another checkout (e.g. before a change), same flags
     python benchmarks/trainer_peer.py --before /tmp/old-checkout
+    # or the script with other flags: what one setting costs (here tracking to TensorBoard, against --report-to none)
+    python benchmarks/trainer_peer.py --variant "--report-to tensorboard"
 """
 
 import argparse
@@ -130,6 +132,9 @@ def main(argv=None):
     p.add_argument("--model-name", default=None, help="the encoder (default: the profile's)")
     p.add_argument("--before", type=Path, help="a checkout whose script and package run as a third side")
     p.add_argument("--extra", default="", help="more flags for every side (e.g. '--log-every 1')")
+    p.add_argument(
+        "--variant", default="", help="a third side: the script with these flags (e.g. '--report-to tensorboard')"
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "trainer_peer.json"))
     a = p.parse_args(argv)
     flags = ["--profile", a.profile, "--train-size", str(a.train_size), "--epochs", str(a.epochs)]
@@ -138,6 +143,7 @@ def main(argv=None):
     flags += [*(["--num-threads", str(a.threads)] if a.threads else []), *shlex.split(a.extra)]
     flags += ["--model-name", a.model_name] if a.model_name else []
     sides = {"script": ROOT, "trainer": ROOT, **({"before": a.before.resolve()} if a.before else {})}
+    sides |= {"variant": ROOT} if a.variant else {}
     env = {
         name: dict(os.environ, PYTHONPATH=os.pathsep.join([str(c), os.environ.get("PYTHONPATH", "")]))
         for name, c in sides.items()
@@ -152,7 +158,8 @@ def main(argv=None):
         for r in range(a.repeats):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]  # ABBA: drifts in the machine's speed cancel
             for name in order:
-                cmd = command(name, [*flags, "--seed", str(r)], a.workers, sides[name])
+                variant = shlex.split(a.variant) if name == "variant" else []  # last: it overrides the common flags
+                cmd = command(name, [*flags, "--seed", str(r), *variant], a.workers, sides[name])
                 m = run_once(cmd, Path(work) / f"{name}{r}", env[name])
                 runs.append(dict(side=name, round=r + 1, seed=r, **m))
                 print(f"[{r + 1}/{a.repeats}] {name:8} {m['train_samples_per_s']:9.1f} samples/s  accuracy "
@@ -172,11 +179,15 @@ def main(argv=None):
     verdict = {True: "within it", False: "beyond it", None: "one round: not measured"}[within]
     print(f"script / Trainer: {ratio:.2f}x samples/s; accuracy {accuracy_gap:+.2%} (seed-to-seed spread "
           f"{seed_spread:.2%}: {verdict})")  # fmt: skip
+    median = {name: summary[name]["samples_per_s"]["median"] for name in sides}
+    others = {name: round(median[name] / median["script"], 3) for name in sides if name not in ("script", "trainer")}
+    for name, x in others.items():
+        print(f"{name} / script: {x:.3f}x samples/s")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     result = dict(benchmark="trainer_peer", workers=a.workers, settings=vars(a) | dict(before=str(a.before or "")),
                   flags=shlex.join(flags), runs=runs, summary=summary, ratio_script_over_trainer=round(ratio, 3),
                   accuracy_gap=round(accuracy_gap, 4), accuracy_seed_spread=round(seed_spread, 4),
-                  accuracy_gap_within_spread=within, gpu=gpu)  # fmt: skip
+                  accuracy_gap_within_spread=within, other_sides_over_script=others, gpu=gpu)  # fmt: skip
     save(result, a.out)
 
 
