@@ -110,9 +110,9 @@ def trainer_vs_reference(
     and returns the JSON."""
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
-    # two epochs of train_single.py: the first warms up (every batch shape meets the kernels once), the second is timed
-    fields = dict(profile="cpu", model_name=model, train_size=samples, test_size=64, batch_size=batch_size)
-    fields.update(precision=precision, seed=0, epochs=2, num_threads=threads)
+    # two epochs of train_single.py: the first warms up (each batch shape meets the kernels), the second is timed
+    fields = dict(profile="cpu", model_name=model, train_size=samples, test_size=8, batch_size=batch_size)
+    fields.update(precision=precision, seed=0, epochs=2, num_threads=threads)  # the evaluation: not timed
     with tempfile.TemporaryDirectory(prefix="distrinews-bench-trainer-") as work:
         command = training_command(1, "none", work, **fields)  # [python, train_single.py, flags...]
         rows = load_splits(config_from_args(training_parser().parse_args(command[2:])))[0]  # the rows it trains on
@@ -193,7 +193,7 @@ def ddp_scaling(
     # one pool of rows for every world size, divisible among all of them (no sampler top-up, no partial accumulation)
     rows = batch_size * grad_accum * math.lcm(*world_sizes) * steps
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    fields = dict(profile="cpu", model_name=model, test_size=64, batch_size=batch_size, grad_accum=grad_accum)
+    fields = dict(profile="cpu", model_name=model, test_size=8, batch_size=batch_size, grad_accum=grad_accum)
     fields.update(precision=precision, epochs=warmup + 1)  # the last epoch is timed, the others warm up
     runs = [
         dict(world_size=n, grad_sync=s, repeats=[]) for n in world_sizes for s in (averaging if n > 1 else ["none"])

@@ -5,6 +5,7 @@ the package's own `distrinews.benchmarks.server_process`."""
 import contextlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,9 @@ TRAIN_SINGLE, TRAIN_DDP = ROOT / "nbs" / "train_single.py", ROOT / "nbs" / "trai
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 JOB_ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 JOB_ENV.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # whatever the shell says: a hub call fails at once
+# a tiny, exact configuration of the DDP tests: fp32, no dropout, 96 training rows = 6 steps of a global batch of 16
+TINY = ["--profile", "smoke", "--train-size", "96", "--test-size", "48", "--max-length", "32", "--epochs", "1"]
+TINY += ["--precision", "fp32", "--dropout", "0.0", "--eval-batch-size", "16"]
 SPORTS_HEADLINE = "Striker scores twice as United beat Chelsea in the cup final"
 
 
@@ -121,24 +125,58 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
 
 
-@pytest.fixture(scope="module")
+def once(tmp_path_factory, name: str, make) -> Path:
+    """The folder `name`, filled by `make(folder)` once per test session: pytest-xdist's two workers share it (the
+    first to ask makes it while the other waits), so one encoder and one 2-rank run serve the test files of both."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root  # the session's folder, above the workers'
+    folder = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (root / f"{name}.done").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+            folder.mkdir()
+            make(folder)
+            (root / f"{name}.done").touch()
+    return folder
+
+
+@pytest.fixture(scope="session")
 def encoder(tmp_path_factory):
     """A 2-layer BERT with random weights and MiniLM's tokenizer, saved as a model folder (`--model-name`): what the DDP
-    tests (test_ddp, test_run_faults, test_slurm) prove is the same for any encoder, and a 4 MB model writes each of
-    the many snapshots in milliseconds where MiniLM's (90 MB of weights, twice that of optimizer state) takes a second.
-    The fault-tolerance test keeps MiniLM: its kill must land inside a snapshot write."""
-    import torch
-    from transformers import BertConfig, BertModel
+    tests (test_ddp, test_run_faults, test_slurm, test_tracking) prove is the same for any encoder, and a 4 MB model
+    writes each of the many snapshots in milliseconds where MiniLM's (90 MB of weights, twice that of optimizer state)
+    takes a second. The fault-tolerance test keeps MiniLM: its kill must land inside a snapshot write."""
 
-    from distrinews.model import OFFLINE_ENCODER, load_tokenizer
+    def make(folder):
+        import torch
+        from transformers import BertConfig, BertModel
 
-    folder = tmp_path_factory.mktemp("encoder")
-    tokenizer = load_tokenizer(OFFLINE_ENCODER)
-    torch.manual_seed(0)
-    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    BertModel(BertConfig(vocab_size=tokenizer.vocab_size, **shape)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+        from distrinews.model import OFFLINE_ENCODER, load_tokenizer
+
+        tokenizer = load_tokenizer(OFFLINE_ENCODER)
+        torch.manual_seed(0)
+        shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+        BertModel(BertConfig(vocab_size=tokenizer.vocab_size, **shape)).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    return once(tmp_path_factory, "encoder", make)
+
+
+@pytest.fixture(scope="session")
+def two_rank_run(tmp_path_factory, encoder):
+    """One uninterrupted run of train_ddp.py, 2 ranks x batch 8 on the tiny encoder, its steps 3-4 traced by
+    torch.profiler (`--profile-steps 2`: it records, it changes no number): the run test_ddp.py, test_slurm.py and
+    test_tracking.py compare against or read. Returns its folder and what it printed."""
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", TRAIN_DDP, *TINY, "--model-name", encoder]
+    cmd += ["--batch-size", "8", "--profile-steps", "2", "--report-to", "none"]
+
+    def make(out):
+        (out / "log.txt").write_text(run_job([*cmd, "--output-dir", out]))
+
+    out = once(tmp_path_factory, "ddp2", make)
+    return out, (out / "log.txt").read_text()
 
 
 class Payload:

@@ -1,7 +1,7 @@
 """Multi-process DDP tests: real torchrun jobs with the gloo backend on CPU (fp32, one thread per worker).
 
-- exact evaluation: the same checkpoint gives identical counts (accuracy, confusion matrix) with 1 and 3 ranks of
-  train_ddp.py's own `evaluate`, and the loss to fp32 rounding;
+- exact evaluation: the same checkpoint gives identical counts (accuracy, confusion matrix) with 1 rank (in this
+  process) and 3 ranks (torchrun) of train_ddp.py's own `evaluate`, and the loss to fp32 rounding;
 - correctness: train_ddp.py with 2 ranks x batch b == train_single.py with batch 2b, parameter by parameter (dropout
   off, fp32): the diff between the two scripts changes nothing but who computes what;
 - all ranks end with identical parameters (the script checks; we also read its report);
@@ -9,7 +9,9 @@
 
 Fault tolerance (workers killed, an exact resume) is test_ddp_fault_tolerance.py: a file of its own, so that pytest's
 two workers can each take one of the two longest files. These tests train a 2-layer BERT (the `encoder` fixture): the
-program is the course's, the model is small.
+program is the course's, the model is small. The 2-rank run they compare against (conftest's `two_rank_run`) also
+serves test_slurm.py and test_tracking.py, and one 3-rank job both the evaluation and the replica check: fewer
+processes to start, the same proofs.
 """
 
 import json
@@ -19,30 +21,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, run_job, saved_weights
+from conftest import JOB_ENV, ROOT, TINY, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, load_script, run_job, saved_weights
 
 from distrinews.ddp import free_port
 
 pytestmark = pytest.mark.slow  # torchrun jobs
-# a tiny, exact configuration: fp32, no dropout, 96 training rows = 6 steps of a global batch of 16
-TINY = [
-    "--profile",
-    "smoke",
-    "--train-size",
-    "96",
-    "--test-size",
-    "48",
-    "--max-length",
-    "32",
-    "--epochs",
-    "1",
-    "--precision",
-    "fp32",
-    "--dropout",
-    "0.0",
-    "--eval-batch-size",
-    "16",
-]
 
 
 def weights_initial(encoder):
@@ -58,19 +41,10 @@ def tiny(encoder):
     return [*TINY, "--model-name", encoder]
 
 
-@pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory, tiny):
-    "One uninterrupted 2-rank run, shared by the tests that compare against it."
-    out = tmp_path_factory.mktemp("ddp2")
-    launch = [*TORCHRUN, "--standalone", "--nproc_per_node=2"]
-    log = run_job([*launch, TRAIN_DDP, *tiny, "--batch-size", "8", "--output-dir", out])
-    return out, log
-
-
 def test_two_ranks_equal_one_process_with_double_batch(two_rank_run, tiny, encoder, tmp_path):
     out2, _ = two_rank_run
-    # the one-process script with twice the batch
-    run_job([sys.executable, TRAIN_SINGLE, *tiny, "--batch-size", "16", "--output-dir", tmp_path])
+    # the one-process script with twice the batch, in this process: its `main`, what `python train_single.py` runs
+    load_script(TRAIN_SINGLE).main([*map(str, tiny), "--batch-size", "16", "--output-dir", str(tmp_path)])
     w1, w2 = saved_weights(tmp_path), saved_weights(out2)
     assert w1.keys() == w2.keys()
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
@@ -85,41 +59,42 @@ def test_all_ranks_hold_identical_parameters(two_rank_run):
     assert "replicas in sync after training: True" in log
 
 
-def test_replica_check_detects_divergence():
-    code = r"""
-import torch, torch.distributed as dist
-from distrinews.ddp import replicas_in_sync
-dist.init_process_group("gloo")
-m = torch.nn.Linear(4, 2); torch.manual_seed(0); m.reset_parameters()
-same = replicas_in_sync(m)
-with torch.no_grad():
-    if dist.get_rank() == 1: m.weight[0, 0] += 1e-6
-diverged = not replicas_in_sync(m)
-print(f"rank{dist.get_rank()} same={same} diverged={diverged}"); dist.destroy_process_group()
-"""
-    log = run_job(TORCHRUN + ["--standalone", "--nproc_per_node=2", "--no-python", sys.executable, "-c", code])
-    assert "rank0 same=True diverged=True" in log and "rank1 same=True diverged=True" in log
+@pytest.fixture(scope="module")
+def three_ranks(two_rank_run, tmp_path_factory) -> dict:
+    """One torchrun job of 3 ranks (tests/ddp_eval_worker.py): the 2-rank run's checkpoint evaluated on 203 test rows,
+    which 3 ranks split unevenly (68, 68, 67), and the replica check; what rank 0 wrote."""
+    out = tmp_path_factory.mktemp("ranks3") / "ranks3.json"
+    worker = ROOT / "tests" / "ddp_eval_worker.py"
+    run_job(TORCHRUN + ["--standalone", "--nproc_per_node=3", worker, two_rank_run[0] / "checkpoint", out])
+    return json.loads(out.read_text())
 
 
-def test_evaluation_is_exact_for_any_world_size(two_rank_run, tmp_path):
-    ckpt = two_rank_run[0] / "checkpoint"
-    results = {}
-    for n in (1, 3):  # one rank is the reference; 3 ranks split the 203 rows unevenly (68, 68, 67)
-        out = tmp_path / f"eval{n}.json"
-        run_job(
-            TORCHRUN
-            + [
-                "--standalone",
-                f"--nproc_per_node={n}",
-                ROOT / "tests" / "ddp_eval_worker.py",
-                ckpt,
-                out,
-                "--test-size",
-                "203",
-            ]
-        )
-        results[n] = json.loads(out.read_text())
+def test_replica_check_detects_divergence(three_ranks):
+    # identical replicas are in sync, and a change of 1e-6 on rank 1 alone is seen by every rank
+    assert three_ranks["replicas"] == [dict(same=True, diverged=True)] * 3
+
+
+def evaluate_alone(checkpoint, test_size: int) -> dict:
+    "ddp_eval_worker's evaluation in a process group of one rank: this process, on one thread as a torchrun worker."
+    import torch
+    import torch.distributed as dist
+    from ddp_eval_worker import evaluate_checkpoint
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        return evaluate_checkpoint(checkpoint, test_size)
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+
+
+def test_evaluation_is_exact_for_any_world_size(two_rank_run, three_ranks):
+    # one rank is the reference; 3 ranks split the 203 rows unevenly (68, 68, 67)
+    results = {1: evaluate_alone(two_rank_run[0] / "checkpoint", 203), 3: three_ranks}
     for n in (1, 3):
+        assert results[n]["world_size"] == n
         assert results[n]["eval_count"] == 203  # every item once: no padding double-counted
         assert results[n]["confusion"] == results[1]["confusion"]
         assert results[n]["accuracy"] == results[1]["accuracy"]

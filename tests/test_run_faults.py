@@ -21,6 +21,7 @@ from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, load_scri
 
 from distrinews.checkpoint import CheckpointWriteError, check_writable
 from distrinews.data import DataFolderError, read_agnews_csv
+from distrinews.ddp import free_port
 from distrinews.train import clear_errors
 
 # 32 rows: 2 optimizer steps of 16; the script as this checkout's notebook 03 writes it
@@ -29,9 +30,9 @@ TINY += ["--batch-size", "16", "--eval-batch-size", "16", "--max-length", "32", 
 
 
 def train(out, *extra, script=TRAIN_SINGLE) -> str:
-    "Run train_single.py in this process; the message it exits with ('' when it succeeds)."
+    "Run train_single.py (or `script`) in this process; the message it exits with ('' when it succeeds)."
     try:
-        with clear_errors("train_single.py"):  # as the script's `if __name__ == "__main__":` does
+        with clear_errors(script.name):  # as the script's `if __name__ == "__main__":` does
             load_script(script).main([*TINY, "--output-dir", str(out), *extra])
     except SystemExit as e:
         assert e.code not in (0, None), "exited 0 through SystemExit"
@@ -127,16 +128,28 @@ def torchrun(nproc: int, out, *extra) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_resuming_with_another_number_of_workers_is_refused(tmp_path, encoder):
+def test_resuming_with_another_number_of_workers_is_refused(tmp_path, encoder, monkeypatch, capsys):
     # 2 workers save at step 2 and one dies at step 3: the checkpoint is 4 of the epoch's 12 micro-batches in
     crashed = torchrun(2, tmp_path, "--model-name", encoder, "--save-every", "2", "--simulate-failure-at-step", "3")
     assert crashed.returncode != 0 and "simulated crash at step 3" in crashed.stdout, crashed.stderr[-2000:]
-    for nproc in (1, 3):  # each deals the epoch's rows in another order: going on would repeat some rows, skip others
-        p = torchrun(nproc, tmp_path, "--model-name", encoder)
-        our_frame = re.search(r'File "[^"]*(train_ddp\.py|distrinews/\w+\.py)"', p.stderr)  # torchrun's are not ours
-        assert p.returncode != 0 and not our_frame, p.stderr[-3000:]
+    # each other number deals the epoch's rows in another order: going on would repeat some rows, skip others.
+    # 1 worker: train_ddp.py's `main` in this process, in the environment torchrun gives its one worker
+    one_worker = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    for name, value in one_worker.items():
+        monkeypatch.setenv(name, value)
+    ddp = ["--train-size", "96", "--batch-size", "8", "--dropout", "0.0", "--model-name", str(encoder)]
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    said = {1: train(tmp_path, *ddp, script=TRAIN_DDP)}
+    p = torchrun(3, tmp_path, "--model-name", encoder)  # 3 workers: torchrun
+    our_frame = re.search(r'File "[^"]*(train_ddp\.py|distrinews/\w+\.py)"', p.stderr)  # torchrun's are not ours
+    assert p.returncode != 0 and not our_frame, p.stderr[-3000:]
+    said[3] = p.stderr
+    for nproc, text in said.items():
         expected = f"was written by 2 process(es) and this job has {nproc}: resuming would train some rows twice"
-        lines = [line for line in p.stderr.splitlines() if expected in line]
-        assert lines and "--nproc_per_node=2" in lines[0] and "--fresh" in lines[0], p.stderr[-3000:]
-    p = torchrun(1, tmp_path, "--model-name", encoder, "--fresh")
-    assert p.returncode == 0 and "Test accuracy" in p.stdout, p.stderr[-3000:]
+        lines = [line for line in text.splitlines() if expected in line]
+        assert lines and "--nproc_per_node=2" in lines[0] and "--fresh" in lines[0], text[-3000:]
+    assert "\n" not in said[1], said[1]  # one line
+    capsys.readouterr()
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    assert train(tmp_path, *ddp, "--fresh", script=TRAIN_DDP) == ""
+    assert "Test accuracy" in capsys.readouterr().out

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, run_job, saved_weights
-from test_ddp import TINY
+from conftest import JOB_ENV, ROOT, TINY, saved_weights
 
 from distrinews.ddp import free_port
 
@@ -123,14 +122,14 @@ def sbatch(env, out_file, *args, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def test_sbatch_job_equals_torchrun(slurm, encoder, tmp_path):
+def test_sbatch_job_equals_torchrun(slurm, encoder, two_rank_run, tmp_path):
     tiny = [*TINY, "--model-name", encoder, "--batch-size", "8"]
     job = sbatch(slurm, tmp_path / "job.out", *tiny, "--output-dir", tmp_path / "slurm")
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert job.returncode == 0, f"{job.stdout}{job.stderr}\n{log[-3000:]}"
     assert "2 process(es) x batch 8" in log and "replicas in sync after training: True" in log, log[-3000:]
-    run_job([*TORCHRUN, "--standalone", "--nproc_per_node=2", TRAIN_DDP, *tiny, "--output-dir", tmp_path / "torchrun"])
-    w_slurm, w_torchrun = saved_weights(tmp_path / "slurm"), saved_weights(tmp_path / "torchrun")
+    # the same settings under `torchrun --standalone` (conftest's 2-rank run, shared with test_ddp.py)
+    w_slurm, w_torchrun = saved_weights(tmp_path / "slurm"), saved_weights(two_rank_run[0])
     assert w_slurm.keys() == w_torchrun.keys() and w_slurm
     assert [k for k in w_slurm if not torch.equal(w_slurm[k], w_torchrun[k])] == []
     # a job whose training fails is a failed job: sbatch --wait exits non-zero, and the job's output says why

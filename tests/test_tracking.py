@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import JOB_ENV, TORCHRUN, TRAIN_DDP, run_job
-from test_ddp import TINY
+from conftest import JOB_ENV, TINY, TORCHRUN, TRAIN_DDP, run_job
 
 pytestmark = pytest.mark.slow  # a torchrun job
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
@@ -136,12 +135,10 @@ def ddp_buckets(model_name) -> int:
         dist.destroy_process_group()
 
 
-def test_profile_steps_trace_each_bucket_on_each_rank(tmp_path, encoder):
+def test_profile_steps_trace_each_bucket_on_each_rank(two_rank_run, encoder):
     from distrinews.ddp import ddp_timeline, plot_timeline
 
-    out = tmp_path / "run"
-    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", TRAIN_DDP, *TINY, "--model-name", encoder]
-    run_job([*cmd, "--batch-size", "8", "--profile-steps", "2", "--report-to", "none", "--output-dir", out])
+    out = two_rank_run[0]  # conftest's 2-rank run: `--profile-steps 2`, 2 ranks x batch 8 on the tiny encoder
     assert sorted(p.name for p in out.glob("trace_rank*.json")) == ["trace_rank0.json", "trace_rank1.json"]
     timeline, buckets = ddp_timeline(out), ddp_buckets(encoder)
     assert sorted(timeline) == [0, 1]
