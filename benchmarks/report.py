@@ -274,8 +274,16 @@ def trainer_peer_section(peers: list[dict]) -> list:
         "| machine | precision | side | runs | samples/s | accuracy | ratio | accuracy gap (seed spread) |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
+
+    def rate(x: float) -> str:  # samples/s: a decimal where they are few
+        return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
     for r in peers:
-        where = r["gpu"] or _machine(r["machine"])
+        threads = r["settings"].get("threads") or "default"
+        where = (
+            r["gpu"]
+            or f"{_machine(r['machine'])}, {r['machine'].get('capability', '')}, {threads} thread(s) per process"
+        )
         for side, s in r["summary"].items():
             v, a = s["samples_per_s"], s["accuracy"]
             ratio = f"**{r['ratio_script_over_trainer']:.2f}x** script / Trainer" if side == "script" else ""
@@ -285,9 +293,10 @@ def trainer_peer_section(peers: list[dict]) -> list:
             name = f"{side} `{r['settings']['variant']}`" if side == "variant" else side
             md.append(
                 f"| {where} | {r['settings']['precision']} | {name} | {sum(x['side'] == side for x in r['runs'])} "
-                f"| {v['median']:.0f} ({v['min']:.0f}-{v['max']:.0f}) "
+                f"| {rate(v['median'])} ({rate(v['min'])}-{rate(v['max'])}) "
                 f"| {a['median']:.2%} ({a['min']:.2%}-{a['max']:.2%}) | {ratio} | {gap} |"
             )
+    md += [""] + [f"- {r['gpu'] or 'CPU'}, {r['settings']['precision']}: {r['note']}" for r in peers if r.get("note")]
     return md + [""]
 
 
