@@ -284,6 +284,7 @@ def trainer_peer_section(peers: list[dict]) -> list:
             r["gpu"]
             or f"{_machine(r['machine'])}, {r['machine'].get('capability', '')}, {threads} thread(s) per process"
         )
+        where += f", {r['workers']} workers (torchrun)" if r["workers"] > 1 else ""
         for side, s in r["summary"].items():
             v, a = s["samples_per_s"], s["accuracy"]
             ratio = f"**{r['ratio_script_over_trainer']:.2f}x** script / Trainer" if side == "script" else ""
@@ -296,7 +297,10 @@ def trainer_peer_section(peers: list[dict]) -> list:
                 f"| {rate(v['median'])} ({rate(v['min'])}-{rate(v['max'])}) "
                 f"| {a['median']:.2%} ({a['min']:.2%}-{a['max']:.2%}) | {ratio} | {gap} |"
             )
-    md += [""] + [f"- {r['gpu'] or 'CPU'}, {r['settings']['precision']}: {r['note']}" for r in peers if r.get("note")]
+    notes = [r for r in peers if r.get("note")]
+    md += [""] + [
+        f"- {r['gpu'] or 'CPU'}, {r['settings']['precision']}, {r['workers']} worker(s): {r['note']}" for r in notes
+    ]
     return md + [""]
 
 
