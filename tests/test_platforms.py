@@ -21,8 +21,9 @@ GLOO_VARS = ("GLOO_SOCKET_IFNAME", "USE_LIBUV", "MASTER_ADDR")
     ],
 )
 def test_init_options_sets_what_gloo_needs_on_each_system(system, master, expected, monkeypatch):
-    for var in GLOO_VARS:
-        monkeypatch.delenv(var, raising=False)
+    for var in GLOO_VARS:  # unset for the test, and as they were after it: init_options sets them in os.environ
+        monkeypatch.setenv(var, "")  # (delenv alone records nothing for an unset variable: what is set here would stay)
+        monkeypatch.delenv(var)
     if master:
         monkeypatch.setenv("MASTER_ADDR", master)
     monkeypatch.setattr(platform, "system", lambda: system)
@@ -32,7 +33,8 @@ def test_init_options_sets_what_gloo_needs_on_each_system(system, master, expect
 
 def test_a_variable_the_user_set_is_kept(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "en0")
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "")
+    monkeypatch.delenv("MASTER_ADDR")
     monkeypatch.setattr(platform, "system", lambda: "Darwin")
     init_options(60)
     assert os.environ["GLOO_SOCKET_IFNAME"] == "en0"
