@@ -24,7 +24,11 @@ def evaluate_checkpoint(checkpoint, test_size: int) -> dict:
         "smoke", train_size=64, test_size=test_size, eval_batch_size=16, precision="fp32", output_dir="/tmp/unused"
     )
     tok = load_tokenizer(checkpoint)
+    if rank != 0:  # as in train_ddp.py: rank 0 alone fills the tokenization cache, the others read it after
+        dist.barrier()
     _, test_dl, _ = make_loaders(cfg, tok, device, "fp32", rank, world_size)
+    if rank == 0:
+        dist.barrier()
     metrics = evaluate(build_classifier(checkpoint), test_dl, device, "fp32")
     return dict(metrics, world_size=world_size, rank0_items=sum(len(b["labels"]) for b in test_dl))
 
