@@ -188,7 +188,7 @@ def interconnect_summary() -> str:
         lines.append(f"  cuda:{i} {p.name}: compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.1f} GiB")
     return "\n".join(lines)
 
-
+# %% ../nbs/04_ddp.ipynb #dd4e3756
 def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], iters: int, warmup: int, queue):
     "One rank of `allreduce_bandwidth`: seconds per all-reduce of each size (the slowest rank's), by rank 0 to `queue`."
     import time
@@ -218,7 +218,7 @@ def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], i
     finally:
         dist.destroy_process_group()
 
-
+# %% ../nbs/04_ddp.ipynb #4545d1fa
 def allreduce_bandwidth(
     world_size: int | None = None, sizes: list[int] | None = None, iters: int = 20, warmup: int = 5
 ) -> list[dict]:

@@ -15,6 +15,7 @@ import timeit
 from pathlib import Path
 
 import torch
+from fastcore.basics import patch
 
 from .model import AUTOCAST_DTYPES, LABELS, RunConfig
 
@@ -49,37 +50,43 @@ class Tracker:
                                     settings=flush)  # fmt: skip
             id_file.write_text(self.wandb.id)
 
-    def log(self, values: dict, step: int, flush: bool = True):
-        "`values` at optimizer step `step`: numbers as scalars, strings as text (TensorBoard's TEXT tab)."
-        for k, v in values.items() if self.tb is not None else ():
-            (self.tb.add_text if isinstance(v, str) else self.tb.add_scalar)(k, v, step)
-        if self.tb is not None and flush:
-            self.tb.flush()  # on disk now: the scripts log before each checkpoint, so a killed run loses nothing it has
-        if self.wandb is not None:
-            self.wandb.log(values, step=step)
-
-    def log_steps(self, steps: list[tuple], samples: int):
-        "Steps read together, each `(step, loss, lr, grad_norm)`; `samples`: the epoch's rows so far, over all ranks."
-        (then, before), self.last = self.last, (time.perf_counter(), samples)
-        speed = (samples - before) / (self.last[0] - then)
-        for k, (step, loss, lr, grad_norm) in enumerate(steps, 1):
-            self.log({"train/loss": loss, "train/learning_rate": lr, "train/grad_norm": grad_norm,
-                      "train/samples_per_s": speed}, step, flush=k == len(steps))  # fmt: skip
-
-    def log_epoch(self, metrics: dict):
-        "An epoch's record of `metrics.json` at its last step, the confusion matrix as a table."
-        values = {f"epoch/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"}
-        values.update({f"epoch/accuracy/{k}": v for k, v in metrics["per_class_accuracy"].items()})
-        rows = [f"| {LABELS[i]} | " + " | ".join(map(str, row)) + " |" for i, row in enumerate(metrics["confusion"])]
-        table = "\n".join([f"| true \\ predicted | {' | '.join(LABELS)} |", "|---" * (len(LABELS) + 1) + "|", *rows])
-        self.log({**values, "epoch/confusion": table}, metrics["step"])
-        self.last = (time.perf_counter(), 0)  # the next epoch counts its rows from 0
-
     def close(self):
         if self.tb is not None:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+# %% ../nbs/17_tracking.ipynb #544f63d7
+@patch  # fastcore's: a method added to the class above, in its own cell
+def log(self: Tracker, values: dict, step: int, flush: bool = True):
+    "`values` at optimizer step `step`: numbers as scalars, strings as text (TensorBoard's TEXT tab)."
+    for k, v in values.items() if self.tb is not None else ():
+        (self.tb.add_text if isinstance(v, str) else self.tb.add_scalar)(k, v, step)
+    if self.tb is not None and flush:
+        self.tb.flush()  # on disk now: the scripts log before each checkpoint, so a killed run loses nothing it has
+    if self.wandb is not None:
+        self.wandb.log(values, step=step)
+
+
+@patch
+def log_steps(self: Tracker, steps: list[tuple], samples: int):
+    "Steps read together, each `(step, loss, lr, grad_norm)`; `samples`: the epoch's rows so far, over all ranks."
+    (then, before), self.last = self.last, (time.perf_counter(), samples)
+    speed = (samples - before) / (self.last[0] - then)
+    for k, (step, loss, lr, grad_norm) in enumerate(steps, 1):
+        self.log({"train/loss": loss, "train/learning_rate": lr, "train/grad_norm": grad_norm,
+                  "train/samples_per_s": speed}, step, flush=k == len(steps))  # fmt: skip
+
+# %% ../nbs/17_tracking.ipynb #b4549c59
+@patch
+def log_epoch(self: Tracker, metrics: dict):
+    "An epoch's record of `metrics.json` at its last step, the confusion matrix as a table."
+    values = {f"epoch/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"}
+    values.update({f"epoch/accuracy/{k}": v for k, v in metrics["per_class_accuracy"].items()})
+    rows = [f"| {LABELS[i]} | " + " | ".join(map(str, row)) + " |" for i, row in enumerate(metrics["confusion"])]
+    table = "\n".join([f"| true \\ predicted | {' | '.join(LABELS)} |", "|---" * (len(LABELS) + 1) + "|", *rows])
+    self.log({**values, "epoch/confusion": table}, metrics["step"])
+    self.last = (time.perf_counter(), 0)  # the next epoch counts its rows from 0
 
 # %% ../nbs/17_tracking.ipynb #8f11b82d
 def training_flops(model, lengths) -> float:
