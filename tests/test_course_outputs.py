@@ -18,7 +18,7 @@ course = load_script(ROOT / "tools" / "course.py")
 
 NOTEBOOKS = sorted((ROOT / "nbs").glob("[0-9][0-9]_*.ipynb"))
 EXECUTED = NOTEBOOKS + sorted((ROOT / "benchmarks" / "runs").glob("*.ipynb"))
-MACHINE_PATH = re.compile(r"/work/|/tmp/|/root/|/home/[a-z]|site-packages")
+MACHINE_PATH = re.compile(r"/work/|/tmp/(?![\w.-]*…)|/root/|/home/[a-z]|site-packages")  # /tmp/name-…: tidied
 WITH_IMAGE = {"00", "03", "04", "07"}
 # calls that end a cell without showing anything (checks, clean-up)
 SILENT_CALLS = re.compile(
@@ -169,10 +169,12 @@ def test_tidy_makes_outputs_fit_to_publish():
     root = Path("/work/clone")
     raw = (
         "epoch 1:  10%|#   | 1/10\repoch 1: 100%|####| 10/10\nsaved /work/clone/runs/cpu/checkpoint and "
-        "/tmp/distrinews-03-x1y2/checkpoint\n/work/clone/.venv/lib/python3.11/site-packages/torch/x.py:3: note\n"
+        "/tmp/distrinews-03-x1y2_z3w/checkpoint, /tmp/tmpa8b7c6d5\n"
+        "/work/clone/.venv/lib/python3.11/site-packages/torch/x.py:3: note\n"
     )
     assert course.tidy_text(raw, root) == (
-        "epoch 1: 100%|####| 10/10\nsaved runs/cpu/checkpoint and <temp folder>\ntorch/x.py:3: note\n"
+        "epoch 1: 100%|####| 10/10\nsaved runs/cpu/checkpoint and /tmp/distrinews-03-…/checkpoint, /tmp/tmp…\n"
+        "torch/x.py:3: note\n"
     )
     frames = (
         "Tokenizing:   0%|          | 0/32 [00:00<?, ? examples/s]"

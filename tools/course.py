@@ -99,13 +99,14 @@ def _settle(text: str) -> str:
 
 
 def tidy_text(text: str, root: Path = ROOT) -> str:
-    """Text fit to publish: progress bars settled; this clone's folder made relative, scratch folders and installed
-    packages named without this machine's paths."""
+    """Text fit to publish: progress bars settled; this clone's folder made relative, scratch folders without
+    their random letters, installed packages named without this machine's paths."""
     text = re.sub(
         r"/[^\s'\"]*/(site|dist)-packages/", "", GLOO_SOURCE.sub("", _settle(NOISE.sub("", text)))
     )  # a library's file: named from its package
     text = text.replace(str(root) + "/", "").replace(str(root), ".")
-    return re.sub(r"/tmp/[^\s'\"),]*", "<temp folder>", text)
+    # a scratch folder keeps its readable name, not the random letters tempfile adds: /tmp/distrinews-fault-…/checkpoint
+    return re.sub(r"/tmp/([^\s'\"),/]*?)[a-z0-9_]{8}(?=[/\s'\"),]|$)", "/tmp/\\1…", text)
 
 
 def _lines(text: str) -> list[str]:
