@@ -181,7 +181,7 @@ def stratified_indices(labels, n: int, seed: int = 0) -> list[int]:
         picked += members[torch.randperm(len(members), generator=g)[: take[c]]].tolist()
     return sorted(picked)
 
-
+# %% ../nbs/02_dataset.ipynb #61cff47a
 def stratified_subset(ds, n: int | None, seed: int = 0):
     """`n` rows of `ds` with the class proportions of `ds`, chosen reproducibly by `seed` (all of `ds` if `n` is None or
     too big)."""

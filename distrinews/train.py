@@ -54,7 +54,7 @@ def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float 
         [{"params": ps, "weight_decay": wd, "lr": lr * f} for (f, wd), ps in ordered], lr=lr, fused=True
     )
 
-
+# %% ../nbs/03_single_gpu.ipynb #f237604f
 def make_scheduler(optimizer, total_steps: int, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     "Linear warmup from 0 over `warmup_steps`, then linear decay to 0 at `total_steps` (transformers' own schedule)."
     from transformers import get_linear_schedule_with_warmup
@@ -157,7 +157,7 @@ def optimizer_step(optimizer, scaler, scheduler, model, max_grad_norm: float) ->
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
 
-
+# %% ../nbs/03_single_gpu.ipynb #69c3d184
 def check_finite_loss(loss: float, step: int, precision: str):
     "Stop a diverged run (fp16 excepted: its scaler skips such steps and lowers the scale)."
     if precision != "fp16" and not math.isfinite(loss):
@@ -223,7 +223,7 @@ def simulate_failure(at_step: int | None, step: int, rank: int):
         print(f"[rank {rank}] simulated crash at step {step} (SIGKILL)", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-
+# %% ../nbs/03_single_gpu.ipynb #3992d1dd
 def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int = 1) -> int:
     "The per-process batch that gives `global_batch_size` rows per optimizer step over `world_size` processes."
     if global_batch_size % (world_size * grad_accum):
@@ -255,7 +255,7 @@ def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
     )
     return p
 
-
+# %% ../nbs/03_single_gpu.ipynb #d37bcf75
 def check_config(cfg: RunConfig, device: torch.device):
     "What `--check` prints: the run's profile, precision and data, or the one error that stops it."
     print(f"{cfg.profile} profile, precision {pick_precision(cfg.precision, device)}, data from {data_source(cfg)}: OK")
