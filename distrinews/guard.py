@@ -105,8 +105,7 @@ def refusal_for(scope, body: int) -> JSONResponse | None:
     if batcher is not None and batcher.queued >= batcher.queue_limit:  # full: refused before parsing the body
         batcher.stats["rejected"] += 1
         busy = f"server busy: {batcher.queued} texts are waiting (queue limit {batcher.queue_limit})"
-        busy += f"; retry in {retry} s"
-        return _json(503, busy, **{"Retry-After": retry})
+        return _json(503, f"{busy}; retry in {retry} s", **{"Retry-After": retry})
     return None
 
 # %% ../nbs/16_server_defences.ipynb #24898793ab844e96a057f68a4dea41aa
@@ -218,11 +217,9 @@ class CountRequests:
 
 # %% ../nbs/16_server_defences.ipynb #b118ea5561624da68c537baed56e602f
 class RequestGuard:
-    """ASGI middleware: what is refused before a route reads a request (so it costs no parsing), a deadline for the
-    body (`408`), and `nosniff` on every answer. Refused: headers over `max_header_bytes` (431), `Content-Length`
-    together with chunked encoding (400), a body that is not JSON (415), a body that would take the bodies in progress
-    over `max_pending_bytes`, and predict requests while the queue is full or the server shuts down (503). A request
-    cancelled by the end of a graceful shutdown gets a 503, not uvicorn's 500."""
+    """ASGI middleware: `refusal_for`'s answers before a route reads the request (they cost no parsing), a deadline for
+    the body (408), `nosniff` on every answer, and a 503, not uvicorn's 500, for a request that the end of a graceful
+    shutdown cancels."""
 
     def __init__(self, app):
         self.app = app
@@ -284,18 +281,20 @@ REQUEST_TIMEOUT = (
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
 )
 
-
+# %% ../nbs/16_server_defences.ipynb #01a22f2b
 class HeaderDeadline(asyncio.Protocol):
     """uvicorn's own HTTP/1.1 protocol, wrapped (it gets every call asyncio makes, unchanged) with the one deadline
     uvicorn lacks: a request's headers must arrive within `timeout` seconds of the connection opening or of its previous
     answer, else a 408 and the connection is closed. `RequestGuard` finds this object in each request's
     `scope["state"]`, and says when the headers have arrived and when the answer is done."""
 
-    timeout, metrics = 10.0, None  # (`metrics`: a `ServerMetrics` to count the 408s in)
+    timeout, metrics = 10.0, None  # (`metrics`: a `ServerMetrics` to count its 408s and uvicorn's 400s in)
 
     def __init__(self, **uvicorn_args):
         state = {**uvicorn_args.pop("app_state"), CONNECTION: self}  # uvicorn copies it into each request's scope
         self.http, self.timer = H11Protocol(app_state=state, **uvicorn_args), None
+        send_400 = self.http.send_400_response  # uvicorn's answer to what h11 cannot parse, which no app sees: counted
+        self.http.send_400_response = lambda message: (self.count("400"), send_400(message))
 
     def connection_made(self, transport):
         self.transport, self.client = transport, transport.get_extra_info("peername")
@@ -334,9 +333,12 @@ class HeaderDeadline(asyncio.Protocol):
             client = ":".join(map(str, (self.client or ("-", 0))[:2]))
             log.info("%s - 408 Request Timeout: the request's headers did not arrive within %g s", client, self.timeout)
             self.transport.write(REQUEST_TIMEOUT)
-            if self.metrics is not None:
-                self.metrics.requests.labels("other", "408").inc()
+            self.count("408")
             self.transport.close()
+
+    def count(self, status: str):
+        if self.metrics is not None:
+            self.metrics.requests.labels("other", status).inc()
 
 # %% ../nbs/16_server_defences.ipynb #504fb2a444614c0babb325280ed9130a
 class GracefulServer(uvicorn.Server):

@@ -494,9 +494,9 @@ def _growth(before: dict, after: dict, name: str, *labels: str) -> collections.C
 
 def test_metrics_count_every_answer_after_a_known_load(served):
     """Issue 37: a server of its own (a queue of 8 texts) under a known load: good requests, bad ones refused at every
-    layer (the guard's 415 and 431, FastAPI's 413 and 422, a 404), a burst that gets 503s, a silent client and a slow
-    body (408s). /metrics counts each answer the clients saw, by route and status, exactly; the latency histograms
-    count the requests, the batch-size and inference histograms the forward passes /health counts."""
+    layer (uvicorn's 400, the guard's 415 and 431, FastAPI's 413 and 422, a 404), a burst that gets 503s, a silent
+    client and a slow body (408s). /metrics counts each answer the clients saw, by route and status, exactly; the
+    latency histograms count the requests, the batch-size and inference histograms the forward passes /health counts."""
     with started_server(served, *SERVER_ARGS, "--queue-limit", "8", env=SERVER_ENV) as server:
         url, seen = server.url, collections.Counter()
 
@@ -516,6 +516,9 @@ def test_metrics_count_every_answer_after_a_known_load(served):
         assert call("POST", "/predict", content=b"x" * (MAX_BODY + 1), headers=as_json) == 413
         assert call("GET", "/health", headers={"x-big": "a" * 17 * 1024}) == 431
         assert call("GET", "/nope") == 404
+        bad_length = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n"  # h11 cannot parse it
+        assert _raw(url, bad_length).startswith(b"HTTP/1.1 400")  # uvicorn's own answer: the app never sees it
+        seen[("other", "400")] += 1
         barrier = threading.Barrier(24)
 
         def burst(i):
@@ -543,7 +546,7 @@ def test_metrics_count_every_answer_after_a_known_load(served):
     by_route = collections.Counter()
     for (route, _), n in seen.items():
         by_route[(route,)] += n
-    by_route[("other",)] -= 1  # the silent client's 408 never reached the app: no latency
+    by_route[("other",)] -= 2  # the silent client's 408 and uvicorn's 400 never reached the app: no latency
     assert _growth(before, after, "distrinews_request_seconds_count", "route") == by_route
     batches, items = health["batching"]["batches"], health["batching"]["items"]
     assert batches >= 1 + 5 and items == 5 + 2 + 8 * burst_statuses[200], health["batching"]
