@@ -176,7 +176,7 @@ def pick_device(device: str | torch.device | None = "auto", local_rank: int = 0)
         raise ValueError(f"device={str(device)!r} was requested but CUDA is not available here; use 'cpu' or 'auto'.")
     return device
 
-
+# %% ../nbs/01_model.ipynb #c1e6177c
 def native_bf16(device: str | torch.device) -> bool:
     "True when `device` computes bf16 natively (Ampere+ GPUs, CPUs with AVX512-BF16 or AMX); elsewhere it is slow."
     device = torch.device(device)
@@ -233,7 +233,7 @@ def hub_offline(datasets: bool = False) -> bool:
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if datasets else ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in names)
 
-
+# %% ../nbs/01_model.ipynb #04067456
 def resolve_model_source(name: str | os.PathLike) -> str:
     "A local folder or a hub name that `from_pretrained` can load without surprises (see above)."
     name = str(name)
@@ -319,7 +319,7 @@ def load_tokenizer(name: str | os.PathLike):
         return DistilBertTokenizerFast.from_pretrained(str(encoder_dir) if encoder_dir else "distilbert-base-uncased")
     return AutoTokenizer.from_pretrained(source)
 
-
+# %% ../nbs/01_model.ipynb #9871c417
 def build_classifier(
     name: str | os.PathLike,
     num_labels: int = len(LABELS),
