@@ -69,7 +69,7 @@ def demo_batch(n: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
 
-
+# %% ../../nbs/00_concepts.ipynb #e828d1c3
 def ddp_anatomy(rank: int, world_size: int, steps: int = 3, bucket_cap_mb: float = 0.004) -> dict:
     """Wrap differently-initialised models in DDP, record the buckets of each backward, compare with a full-batch
     gradient."""
@@ -129,7 +129,7 @@ def ring_all_reduce(vectors: list[list[float]]) -> tuple[list[list[float]], list
         ring_step(lambda r, s=s: (r + 1 - s) % n, lambda mine, theirs: theirs)  # all-gather
     return data, sent
 
-
+# %% ../../nbs/00_concepts.ipynb #c281b411
 def ring_all_reduce_bytes(gradient_bytes: float, world_size: int) -> float:
     "Bytes each rank sends (and receives) in one ring all-reduce of `gradient_bytes`."
     return 2 * (world_size - 1) / world_size * gradient_bytes
