@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
+from transformers.utils import logging as hf_logging
 
 from .model import RunConfig
 
@@ -27,15 +28,6 @@ __all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABL
            'RunState', 'checkpoint_dir', 'rng_state', 'set_rng_state', 'training_state', 'resume_from', 'write_metrics']
 
 # %% ../nbs/15_checkpoints.ipynb #d56c90c8
-def _fsync(path: Path):
-    "Flush `path` (a file, or a folder's entries) from the page cache to the disk."
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike):
     "Yield a temporary folder; on success it replaces `target` in one rename (the old one is kept until then)."
@@ -49,13 +41,11 @@ def atomic_directory(target: str | os.PathLike):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for f in tmp.rglob("*"):  # on disk before the rename: after a power cut the new name must not point at lost bytes
-        if f.is_file():
-            _fsync(f)
+    os.sync()  # on disk before the rename (Linux waits): after a power cut the new name must not point at lost bytes
     if target.exists():
         os.replace(target, old)
     os.replace(tmp, target)  # a crash between the two renames leaves `old`, which `find_checkpoint` falls back to
-    _fsync(target.parent)
+    os.sync()  # and the renames
     shutil.rmtree(old, ignore_errors=True)
 
 # %% ../nbs/15_checkpoints.ipynb #6654b448
@@ -78,16 +68,14 @@ def file_sha256(path: str | os.PathLike) -> str:
 def verify_checkpoint(path: str | os.PathLike) -> dict:
     """Check a checkpoint folder against its `manifest.json`: every file listed is there with the bytes it was written
     with. Returns `{name: sha256}`; raises `CheckpointError` naming the first file that is missing or changed."""
-    manifest = Path(path) / MANIFEST_FILE
-    if not manifest.is_file():
-        raise CheckpointError(
-            f"{path} has no {MANIFEST_FILE} (it is written last, so the save that made this folder did not finish, or "
-            "an older version wrote it): it cannot be trusted. Start over with --fresh, or another --output-dir."
-        )
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{manifest} is damaged ({type(e).__name__}: {e}).") from e
+        files = json.loads((Path(path) / MANIFEST_FILE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:  # the manifest is written last: the save did not finish
+        raise CheckpointError(
+            f"{path} has no {MANIFEST_FILE} that can be read ({type(e).__name__}): the save that made this folder did "
+            "not finish, or an older version wrote it. It cannot be trusted: start over with --fresh, or another "
+            "--output-dir."
+        ) from None
     for name, expected in files.items():
         if not (file := Path(path) / name).is_file() or file_sha256(file) != expected:
             why = "corrupted: its SHA-256 differs from the one in" if file.is_file() else "missing, though listed in"
@@ -112,9 +100,8 @@ def find_checkpoint(path: str | os.PathLike) -> Path | None:
 
 
 def clean_checkpoint_leftovers(path: str | os.PathLike, log=print) -> list[Path]:
-    """Remove what interrupted saves left beside checkpoint `path`: half-written `.tmp-*` folders and `.old-*` copies.
-    If `path` itself is gone, the newest complete `.old-*` copy is first renamed back into place. Run it when no
-    process is writing (at the start of a run); returns the folders removed."""
+    """Remove what interrupted saves left beside checkpoint `path` (`.tmp-*` and `.old-*` folders), after putting the
+    newest complete `.old-*` copy back in its place if `path` is gone. Run it when no process is writing."""
     path = Path(path)
     if not path.exists() and (keep := find_checkpoint(path)) is not None:
         os.replace(keep, path)
@@ -161,9 +148,7 @@ def check_writable(folder: str | os.PathLike):
 def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None) -> Path:
     """Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically, sealed by a
     `manifest.json` of every other file's SHA-256, written last: a folder without one was never finished."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # one bar per save_pretrained otherwise; a training log shows one line per epoch
+    hf_logging.disable_progress_bar()  # one bar per save_pretrained otherwise; a training log shows one line per epoch
     with atomic_directory(path) as tmp:
         sha256s = lambda: {f.relative_to(tmp).as_posix(): file_sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
         steps = [
@@ -190,12 +175,12 @@ def load_training_state(path, map_location: str | torch.device = "cpu") -> tuple
     onto `map_location`: the CPU by default, whichever device wrote them (a GPU rank must not load rank 0's tensors
     onto GPU 0); `load_state_dict` then moves the optimizer's state next to this rank's parameters."""
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"Checkpoint {path} does not exist or is not a folder.")
-    if missing := [f for f in ("config.json", STATE_FILE, CONFIG_FILE) if not (path / f).exists()]:
+    missing = [f for f in ("config.json", STATE_FILE, CONFIG_FILE) if not (path / f).is_file()]
+    if missing:
+        what = f"missing {', '.join(missing)}" if path.is_dir() else "it does not exist, or is not a folder"
         raise CheckpointError(
-            f"{path} is not a resumable DistriNews checkpoint: missing {', '.join(missing)}. Point "
-            "--output-dir at a run folder written by train_single.py or train_ddp.py, or start fresh with --fresh."
+            f"{path} is not a resumable DistriNews checkpoint: {what}. Point --output-dir at a run folder written by "
+            "train_single.py or train_ddp.py, or start fresh with --fresh."
         )
     file = path / STATE_FILE
     try:
@@ -219,17 +204,14 @@ RESUMABLE_CHANGES = set(
 
 def check_resumable(saved: dict, cfg: RunConfig):
     "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path."
-    then = dataclasses.asdict(RunConfig())  # a field newer than the checkpoint had its default when it was written
-    diff = {
-        k: (saved.get(k, then[k]), v)
-        for k, v in dataclasses.asdict(cfg).items()
-        if k not in RESUMABLE_CHANGES and saved.get(k, then[k]) != v
-    }
-    if diff:
+    then = (
+        dataclasses.asdict(RunConfig()) | saved
+    )  # a field newer than the checkpoint had its default when it was saved
+    now = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
+    if diff := [f"{k}: checkpoint {then[k]!r} vs now {v!r}" for k, v in now.items() if then[k] != v]:
         raise CheckpointError(
-            "The checkpoint was written by a different run configuration: "
-            + "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-            + ". Resume with the same settings, or start over with --fresh (or another --output-dir)."
+            f"The checkpoint was written by a different run configuration: {'; '.join(diff)}. Resume with the same "
+            "settings, or start over with --fresh (or another --output-dir)."
         )
 
 # %% ../nbs/15_checkpoints.ipynb #c0f0dfa1
@@ -262,9 +244,8 @@ def set_rng_state(state: dict):
 
 # %% ../nbs/15_checkpoints.ipynb #bf66b31d
 def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list[dict], model, ema=None) -> dict:
-    """Everything besides the weights that a resumed run needs to go on exactly: `rng_states` holds one entry per
-    process, in rank order. With a weight average the folder holds the average (what a server loads), and this the
-    weights the optimizer trains."""
+    """Everything besides the weights that a resumed run needs to go on exactly (`rng_states`: one per process, in rank
+    order). With a weight average, the folder holds the average (what a server loads) and this the trained weights."""
     state = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), scaler=scaler.state_dict())
     state.update(rng=rng_states, world_size=len(rng_states), **dataclasses.asdict(run))
     if ema is not None:
@@ -308,7 +289,7 @@ def write_metrics(cfg: RunConfig, run: RunState) -> str:
     "Write the run's `metrics.json` into its output folder; return a line on its latest epoch (the last: a summary)."
     tmp = Path(cfg.output_dir) / f".metrics.json.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(run.history, indent=1))
-    _fsync(tmp)
+    os.sync()
     os.replace(tmp, tmp.with_name("metrics.json"))  # atomic: a reader sees the last record or this one, never half
     m = run.history[-1]
     line = (

@@ -77,12 +77,10 @@ def check_checkpoint_dir(path: str | os.PathLike) -> Path:
     elif "model_type" not in _read_json(path / "config.json"):
         why = "has a config.json that is not valid JSON or has no `model_type`: not a Hugging Face model config."
     elif not has("model.safetensors"):
-        why = f"has no model.safetensors (it holds {holds()}); the server loads weights from safetensors only."
-        if has("pytorch_model.bin"):
-            why += (
-                " Its pytorch_model.bin, a pickle file, is never opened: re-save it with `model.save_pretrained(dir)`"
-            )
-            why += " (safetensors is the default) on a machine where you trust that file."
+        why = f"has no model.safetensors (it holds {holds()}): the server loads safetensors only; a pytorch_model.bin,"
+        why += (
+            " a pickle file, is never opened. Re-save the model with `model.save_pretrained(dir)` where you trust it."
+        )
     elif not has("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
         why = "has model weights but no tokenizer files: save them beside it with `tokenizer.save_pretrained(dir)`."
     else:
@@ -159,9 +157,8 @@ def pick_checkpoint(
     checkpoint: str | os.PathLike | None = None, profile: str | None = None, root: str | os.PathLike | None = None
 ) -> Path | None:
     """The checkpoint a serving notebook uses: `checkpoint` if given, else the profile's training checkpoint (in its
-    `run_folder` under `root`, or notebook 04's output attached to this Kaggle session); not for the smoke profile,
-    whose tests serve a demo. None means the untrained demo checkpoint, and the caller says so; on Kaggle, where nobody
-    would want that, it stops instead, saying how to attach notebook 04's checkpoint."""
+    `run_folder` under `root`, or 04's output attached on Kaggle; none for the smoke profile). None: the caller serves
+    the untrained demo checkpoint and says so; on Kaggle, where nobody would want that, it stops, saying what to do."""
     from distrinews.kaggle import find_attached_checkpoint, input_root
     from distrinews.model import get_config, run_folder, running_on
 
@@ -174,19 +171,17 @@ def pick_checkpoint(
     if found is None and running_on() == "kaggle":
         folder = Path(cfg.output_dir) / "checkpoint"
         raise NoCheckpointError(
-            f"No trained checkpoint in reach: this session's working folder has no {folder}, and no notebook output "
-            f"attached under {input_root()} holds one. Each Kaggle notebook runs in a session of its own. Run notebook "
-            "04 with Save Version (Save & Run All) so that Kaggle keeps its output, then attach that output here (Add "
-            "Input > Your Work > Notebooks > 04) and run this notebook again; or set `checkpoint` in the parameters "
-            "cell to a checkpoint folder. (An untrained model would answer with guesses.)"
+            f"No trained checkpoint in reach: this session has no {folder}, and no notebook output attached under "
+            f"{input_root()} holds one. Run notebook 04 with Save Version (Save & Run All), attach its output here "
+            "(Add Input > Your Work > Notebooks > 04) and run this notebook again; or set `checkpoint` in the "
+            "parameters cell."
         )
     return found
 
 # %% ../nbs/13_reference_checkpoints.ipynb #9cbe1521
 def fit_head(checkpoint: str | os.PathLike, out: str | os.PathLike, n: int = 512, max_length: int = 64) -> Path:
-    """A copy of `checkpoint` in `out` whose classification head is fitted on `n` AG News training items: a linear
-    probe (the encoder stays frozen; seconds on a CPU), so it predicts like a trained model. The rows come from
-    wherever the course finds AG News without the hub: `$DISTRINEWS_DATA_DIR`, or a copy attached on Kaggle."""
+    """A copy of `checkpoint` in `out` whose head is fitted on `n` AG News training items (`$DISTRINEWS_DATA_DIR`, or a
+    copy attached on Kaggle): a linear probe, the encoder frozen, seconds on a CPU. It predicts like a trained model."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from distrinews.data import DataFolderError, load_agnews, stratified_indices
@@ -200,14 +195,11 @@ def fit_head(checkpoint: str | os.PathLike, out: str | os.PathLike, n: int = 512
     texts, labels = [found["text"][i] for i in rows], torch.tensor([found["label"][i] for i in rows])
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    feats = []  # what the head sees: the encoder's pooled features, computed once
-    hook = model.classifier.register_forward_hook(lambda m, args, output: feats.append(args[0].detach()))
-    with torch.inference_mode():
-        for i in range(0, len(texts), 64):
-            batch = texts[i : i + 64]
-            model(**tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
-    hook.remove()
-    x, head = torch.cat(feats), model.classifier
+    encode = lambda batch: tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    head, model.classifier = model.classifier, torch.nn.Identity()  # the model now returns what its head sees
+    with torch.inference_mode():  # the encoder's features, computed once
+        feats = [model(**encode(texts[i : i + 64])).logits for i in range(0, len(texts), 64)]
+    x, model.classifier = torch.cat(feats), head
     opt = torch.optim.Adam(head.parameters(), lr=1e-2)
     for _ in range(300):
         opt.zero_grad()
