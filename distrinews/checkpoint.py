@@ -72,9 +72,8 @@ def verify_checkpoint(path: str | os.PathLike) -> dict:
         files = json.loads((Path(path) / MANIFEST_FILE).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:  # the manifest is written last: the save did not finish
         raise CheckpointError(
-            f"{path} has no {MANIFEST_FILE} that can be read ({type(e).__name__}): the save that made this folder did "
-            "not finish, or an older version wrote it. It cannot be trusted: start over with --fresh, or another "
-            "--output-dir."
+            f"{path} has no {MANIFEST_FILE} that can be read ({type(e).__name__}): the save that made it did not end,"
+            " or an older version did. It cannot be trusted: start over with --fresh, or another --output-dir."
         ) from None
     for name, expected in files.items():
         if not (file := Path(path) / name).is_file() or file_sha256(file) != expected:
@@ -253,9 +252,7 @@ def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list
     return state
 
 # %% ../nbs/15_checkpoints.ipynb #40de8cd4
-def resume_from(
-    checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, model, ema=None, log=print
-) -> RunState:
+def resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, model, ema=None, log=print):
     """Load a checkpoint's training state into the optimizer, schedule and scaler (and weight average), restore this
     rank's random streams, and return where the run was. A fresh `RunState` when `checkpoint` is None."""
     if checkpoint is None:

@@ -118,9 +118,8 @@ def _refuse_mismatch(model, info: dict, path: Path):
 
 # %% ../nbs/13_reference_checkpoints.ipynb #623816a1
 def load_strict(path: Path) -> tuple[torch.nn.Module, object, str]:
-    """The classifier, tokenizer and version (SHA-256 of model.safetensors) of checkpoint folder `path`, built by
-    transformers from weights read into memory. Refused where the file differs from training's manifest.json or changed
-    while it was read, and where `_refuse_mismatch` finds it is not this course's classifier, tensor for tensor."""
+    """Classifier, tokenizer and version (SHA-256 of model.safetensors) of folder `path`, weights read into memory;
+    refused where they differ from manifest.json, change while read, or are not this course's classifier."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
     _quiet_transformers()
@@ -153,9 +152,7 @@ class NoCheckpointError(FileNotFoundError):
     "No trained checkpoint in reach, where serving an untrained one would mislead (a Kaggle session)."
 
 
-def pick_checkpoint(
-    checkpoint: str | os.PathLike | None = None, profile: str | None = None, root: str | os.PathLike | None = None
-) -> Path | None:
+def pick_checkpoint(checkpoint=None, profile: str | None = None, root=None) -> Path | None:
     """The checkpoint a serving notebook uses: `checkpoint` if given, else the profile's training checkpoint (in its
     `run_folder` under `root`, or 04's output attached on Kaggle; none for the smoke profile). None: the caller serves
     the untrained demo checkpoint and says so; on Kaggle, where nobody would want that, it stops, saying what to do."""
@@ -169,12 +166,10 @@ def pick_checkpoint(
         here = run_folder(cfg, root) / "checkpoint"
         found = here if (here / "config.json").exists() else find_attached_checkpoint(cfg.output_dir)
     if found is None and running_on() == "kaggle":
-        folder = Path(cfg.output_dir) / "checkpoint"
         raise NoCheckpointError(
-            f"No trained checkpoint in reach: this session has no {folder}, and no notebook output attached under "
-            f"{input_root()} holds one. Run notebook 04 with Save Version (Save & Run All), attach its output here "
-            "(Add Input > Your Work > Notebooks > 04) and run this notebook again; or set `checkpoint` in the "
-            "parameters cell."
+            f"No trained checkpoint in reach: none in {Path(cfg.output_dir, 'checkpoint')}, none attached under "
+            f"{input_root()}. Run notebook 04 with Save Version (Save & Run All), attach its output here (Add Input > "
+            "Your Work > Notebooks > 04) and run this notebook again; or set `checkpoint` in the parameters cell."
         )
     return found
 
