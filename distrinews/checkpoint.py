@@ -17,62 +17,49 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
+from transformers.utils import logging as hf_logging
 
 from .model import RunConfig
 
 # %% auto #0
-__all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'atomic_directory',
-           'write_json_atomic', 'CheckpointError', 'file_sha256', 'write_manifest', 'verify_checkpoint',
-           'find_checkpoint', 'clean_checkpoint_leftovers', 'no_weights_progress_bar', 'CheckpointWriteError',
-           'describe_write_error', 'save_checkpoint', 'check_writable', 'load_training_state', 'check_resumable',
-           'RunState', 'checkpoint_dir', 'rng_state', 'set_rng_state', 'training_state', 'resume_from', 'write_metrics']
+__all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'fsync', 'atomic_directory',
+           'CheckpointError', 'file_sha256', 'verify_checkpoint', 'find_checkpoint', 'clean_checkpoint_leftovers',
+           'CheckpointWriteError', 'describe_write_error', 'check_writable', 'save_checkpoint', 'load_training_state',
+           'check_resumable', 'RunState', 'checkpoint_dir', 'rng_state', 'set_rng_state', 'training_state',
+           'resume_from', 'write_metrics']
 
 # %% ../nbs/15_checkpoints.ipynb #d56c90c8
-def _fsync(path: Path):
-    "Flush `path` (a file or a folder's entries) from the page cache to the disk."
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def fsync(*paths: Path):
+    "Flush files, and folders' entries where the system allows it (not on Windows), from memory to the disk."
+    for path in paths:
+        if os.name != "nt" or not path.is_dir():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike):
     "Yield a temporary folder; on success it replaces `target` in one rename (the old one is kept until then)."
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
     for stale in target.parent.glob(f".{target.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)  # left by a killed writer
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.mkdir()
+    tmp, old = (target.with_name(f".{target.name}.{kind}-{os.getpid()}") for kind in ("tmp", "old"))
+    tmp.mkdir(parents=True)
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    # on disk before the rename: after a power cut the new name must never point at files still only in memory
-    for f in tmp.rglob("*"):
-        if f.is_file():
-            _fsync(f)
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    fsync(*(f for f in tmp.rglob("*") if f.is_file()))  # on disk before the rename: after a power cut the new name
+    # must not point at bytes that were still only in memory (os.sync() would flush the whole system, and not Windows)
     if target.exists():
         os.replace(target, old)
     os.replace(tmp, target)  # a crash between the two renames leaves `old`, which `find_checkpoint` falls back to
-    _fsync(target.parent)
+    fsync(target.parent)  # and the renames
     shutil.rmtree(old, ignore_errors=True)
-
-# %% ../nbs/15_checkpoints.ipynb #7ceef66c
-def write_json_atomic(path: str | os.PathLike, obj):
-    "Write `obj` as JSON to `path` via a temporary file and a rename."
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(obj, indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 # %% ../nbs/15_checkpoints.ipynb #6654b448
 STATE_FILE, CONFIG_FILE, MANIFEST_FILE = "training_state.pt", "run_config.json", "manifest.json"
@@ -90,42 +77,23 @@ def file_sha256(path: str | os.PathLike) -> str:
             digest.update(chunk)
     return digest.hexdigest()
 
-
-def write_manifest(folder: str | os.PathLike) -> dict:
-    """Write `manifest.json` into `folder`: `{"files": {name: sha256}}` for every other file in it. Written last, it is
-    the checkpoint's seal: a folder without it was never finished."""
-    folder = Path(folder)
-    files = {
-        f.relative_to(folder).as_posix(): file_sha256(f)
-        for f in sorted(folder.rglob("*"))
-        if f.is_file() and f.name != MANIFEST_FILE
-    }
-    (folder / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1))
-    return files
-
 # %% ../nbs/15_checkpoints.ipynb #e0b48626
 def verify_checkpoint(path: str | os.PathLike) -> dict:
     """Check a checkpoint folder against its `manifest.json`: every file listed is there with the bytes it was written
     with. Returns `{name: sha256}`; raises `CheckpointError` naming the first file that is missing or changed."""
-    path = Path(path)
-    manifest = path / MANIFEST_FILE
-    if not manifest.is_file():
-        raise CheckpointError(
-            f"{path} has no {MANIFEST_FILE} (it is written last, so the save that made this folder did not finish, or "
-            "an older version wrote it): it cannot be trusted. Start over with --fresh, or another --output-dir."
-        )
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{manifest} is damaged ({type(e).__name__}: {e}).") from e
+        files = json.loads((Path(path) / MANIFEST_FILE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:  # the manifest is written last: the save did not finish
+        raise CheckpointError(
+            f"{path} has no {MANIFEST_FILE} that can be read ({type(e).__name__}): the save that made it did not end,"
+            " or an older version did. It cannot be trusted: start over with --fresh, or another --output-dir."
+        ) from None
     for name, expected in files.items():
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path / name} is missing: the checkpoint is incomplete (its manifest lists it).")
-        if file_sha256(path / name) != expected:
+        if not (file := Path(path) / name).is_file() or file_sha256(file) != expected:
+            why = "corrupted: its SHA-256 differs from the one in" if file.is_file() else "missing, though listed in"
             raise CheckpointError(
-                f"{path / name} is corrupted: its SHA-256 differs from the one in {MANIFEST_FILE}, so its bytes "
-                "changed after it was written (a damaged disk, a partial copy, an edit). Restore it, or start over "
-                "with --fresh."
+                f"{file} is {why} {MANIFEST_FILE}: it changed after it was written (a damaged disk, a "
+                "partial copy, an edit). Restore it, or start over with --fresh."
             )
     return files
 
@@ -144,9 +112,8 @@ def find_checkpoint(path: str | os.PathLike) -> Path | None:
 
 
 def clean_checkpoint_leftovers(path: str | os.PathLike, log=print) -> list[Path]:
-    """Remove what interrupted saves left beside checkpoint `path`: half-written `.tmp-*` folders and `.old-*` copies.
-    If `path` itself is gone, the newest complete `.old-*` copy is first renamed back into place. Run it when no
-    process is writing (at the start of a run); returns the folders removed."""
+    """Remove what interrupted saves left beside checkpoint `path` (`.tmp-*` and `.old-*` folders), after putting the
+    newest complete `.old-*` copy back in its place if `path` is gone. Run it when no process is writing."""
     path = Path(path)
     if not path.exists() and (keep := find_checkpoint(path)) is not None:
         os.replace(keep, path)
@@ -158,20 +125,6 @@ def clean_checkpoint_leftovers(path: str | os.PathLike, log=print) -> list[Path]
         log(f"removed {stale.name} ({size:.0f} MB), left by an interrupted save")
     return removed
 
-# %% ../nbs/15_checkpoints.ipynb #be3fd1a0
-@contextlib.contextmanager
-def no_weights_progress_bar():
-    "Hide the progress bar transformers draws for every `save_pretrained`: a training log shows one line per epoch."
-    from transformers.utils import logging as hf_logging
-
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
-
 # %% ../nbs/15_checkpoints.ipynb #ae0e99db
 class CheckpointWriteError(RuntimeError):
     "A checkpoint could not be written (disk full, no permission): the message names the file and the cause."
@@ -180,27 +133,42 @@ class CheckpointWriteError(RuntimeError):
 def describe_write_error(file: Path, error: BaseException) -> str:
     "A one-line account of why writing `file` failed, naming the cause (disk full, not writable) when it is known."
     folder = next((p for p in Path(file).parents if p.exists()), Path("."))
-    free = shutil.disk_usage(folder).free
-    if getattr(error, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):  # first: a small one may be read-only
+    free, code = shutil.disk_usage(folder).free, getattr(error, "errno", None)
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):  # first: a small disk may be read-only
         cause = f"{folder} is not writable ({error.strerror}): choose another --output-dir"
     # torch.save reports a full disk as "enforce fail at inline_container.cc ... unexpected pos": ask the disk itself
-    elif getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error) or free < 16 * 2**20:
+    elif code == errno.ENOSPC or "No space left" in str(error) or free < 16 * 2**20:
         cause = f"the disk is full ({free / 2**20:.0f} MiB free on the device of {folder}): free some space"
     else:
-        cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        cause = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
     return f"Could not write {file}: {cause}."
 
+
+def check_writable(folder: str | os.PathLike):
+    "Raise `CheckpointWriteError` if files cannot be created in `folder` (created if missing)."
+    probe = Path(folder) / f".write-test-{os.getpid()}"
+    try:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+    except OSError as e:
+        raise CheckpointWriteError(describe_write_error(probe, e)) from e
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()  # also where a full disk refused its bytes after it was created
+
 # %% ../nbs/15_checkpoints.ipynb #a5560957
-def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None):
+def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None) -> Path:
     """Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically, sealed by a
-    `manifest.json` of every file's SHA-256, written last."""
-    with atomic_directory(path) as tmp, no_weights_progress_bar():
+    `manifest.json` of every other file's SHA-256, written last: a folder without one was never finished."""
+    hf_logging.disable_progress_bar()  # one bar per save_pretrained otherwise; a training log shows one line per epoch
+    with atomic_directory(path) as tmp:
+        sha256s = lambda: {f.relative_to(tmp).as_posix(): file_sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
         steps = [
             ("model.safetensors", lambda: model.save_pretrained(tmp)),
             ("tokenizer files", lambda: tokenizer.save_pretrained(tmp)),
             (CONFIG_FILE, lambda: (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))),
             *([(STATE_FILE, lambda: torch.save(state, tmp / STATE_FILE))] if state is not None else []),
-            (MANIFEST_FILE, lambda: write_manifest(tmp)),
+            (MANIFEST_FILE, lambda: (tmp / MANIFEST_FILE).write_text(json.dumps({"files": sha256s()}, indent=1))),
         ]
         for name, write in steps:
             try:
@@ -208,20 +176,6 @@ def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None =
             except (OSError, RuntimeError, SafetensorError) as e:  # safetensors' error (a full disk) is neither
                 raise CheckpointWriteError(describe_write_error(Path(path) / name, e)) from e
     return Path(path)
-
-# %% ../nbs/15_checkpoints.ipynb #d8b37a61
-def check_writable(folder: str | os.PathLike):
-    "Raise `CheckpointWriteError` if files cannot be created in `folder` (created if missing)."
-    folder = Path(folder)
-    probe = folder / f".write-test-{os.getpid()}"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            probe.unlink()  # created before a full disk refused its bytes
-        raise CheckpointWriteError(describe_write_error(probe, e)) from e
 
 # %% ../nbs/15_checkpoints.ipynb #ed7be990
 # what a training state holds; a file without one of these was not written by this trainer
@@ -233,28 +187,24 @@ def load_training_state(path, map_location: str | torch.device = "cpu") -> tuple
     onto `map_location`: the CPU by default, whichever device wrote them (a GPU rank must not load rank 0's tensors
     onto GPU 0); `load_state_dict` then moves the optimizer's state next to this rank's parameters."""
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"Checkpoint {path} does not exist or is not a folder.")
-    missing = [f for f in ("config.json", STATE_FILE, CONFIG_FILE) if not (path / f).exists()]
+    missing = [f for f in ("config.json", STATE_FILE, CONFIG_FILE) if not (path / f).is_file()]
     if missing:
+        what = f"missing {', '.join(missing)}" if path.is_dir() else "it does not exist, or is not a folder"
         raise CheckpointError(
-            f"{path} is not a resumable DistriNews checkpoint: missing {', '.join(missing)}. Point "
-            "--output-dir at a run folder written by train_single.py or train_ddp.py, or start fresh with --fresh."
+            f"{path} is not a resumable DistriNews checkpoint: {what}. Point --output-dir at a run folder written by "
+            "train_single.py or train_ddp.py, or start fresh with --fresh."
         )
+    file = path / STATE_FILE
     try:
-        state = torch.load(path / STATE_FILE, weights_only=True, map_location=map_location)
-    except Exception as e:  # a truncated or foreign file: pickle, zip and EOF errors of every kind
+        state = torch.load(file, weights_only=True, map_location=map_location)
+        saved_cfg = json.loads((file := path / CONFIG_FILE).read_text())
+    except Exception as e:  # a truncated or foreign file: pickle, zip, EOF and JSON errors of every kind
         raise CheckpointError(
-            f"{path / STATE_FILE} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]}): it is damaged "
+            f"{file} cannot be read ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}): it is damaged "
             "or was not written by this course's training scripts. Start over with --fresh."
         ) from e
-    absent = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
-    if absent:
+    if absent := [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]:
         raise CheckpointError(f"{path / STATE_FILE} is not a DistriNews training state: it has no {', '.join(absent)}.")
-    try:
-        saved_cfg = json.loads((path / CONFIG_FILE).read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path / CONFIG_FILE} is not valid JSON ({e}): the file is damaged.") from e
     return state, saved_cfg
 
 # %% ../nbs/15_checkpoints.ipynb #67e0ed6a
@@ -266,17 +216,14 @@ RESUMABLE_CHANGES = set(
 
 def check_resumable(saved: dict, cfg: RunConfig):
     "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path."
-    then = dataclasses.asdict(RunConfig())  # a field newer than the checkpoint had its default when it was written
-    diff = {
-        k: (saved.get(k, then[k]), v)
-        for k, v in dataclasses.asdict(cfg).items()
-        if k not in RESUMABLE_CHANGES and saved.get(k, then[k]) != v
-    }
-    if diff:
+    then = (
+        dataclasses.asdict(RunConfig()) | saved
+    )  # a field newer than the checkpoint had its default when it was saved
+    now = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
+    if diff := [f"{k}: checkpoint {then[k]!r} vs now {v!r}" for k, v in now.items() if then[k] != v]:
         raise CheckpointError(
-            "The checkpoint was written by a different run configuration: "
-            + "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-            + ". Resume with the same settings, or start over with --fresh (or another --output-dir)."
+            f"The checkpoint was written by a different run configuration: {'; '.join(diff)}. Resume with the same "
+            "settings, or start over with --fresh (or another --output-dir)."
         )
 
 # %% ../nbs/15_checkpoints.ipynb #c0f0dfa1
@@ -309,9 +256,8 @@ def set_rng_state(state: dict):
 
 # %% ../nbs/15_checkpoints.ipynb #bf66b31d
 def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list[dict], model, ema=None) -> dict:
-    """Everything besides the weights that a resumed run needs to go on exactly: `rng_states` holds one entry per
-    process, in rank order. With a weight average the folder holds the average (what a server loads), and this the
-    weights the optimizer trains."""
+    """Everything besides the weights that a resumed run needs to go on exactly (`rng_states`: one per process, in rank
+    order). With a weight average, the folder holds the average (what a server loads) and this the trained weights."""
     state = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), scaler=scaler.state_dict())
     state.update(rng=rng_states, world_size=len(rng_states), **dataclasses.asdict(run))
     if ema is not None:
@@ -319,9 +265,7 @@ def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list
     return state
 
 # %% ../nbs/15_checkpoints.ipynb #40de8cd4
-def resume_from(
-    checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, model, ema=None, log=print
-) -> RunState:
+def resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, model, ema=None, log=print):
     """Load a checkpoint's training state into the optimizer, schedule and scaler (and weight average), restore this
     rank's random streams, and return where the run was. A fresh `RunState` when `checkpoint` is None."""
     if checkpoint is None:
@@ -353,7 +297,10 @@ def resume_from(
 # %% ../nbs/15_checkpoints.ipynb #ffb4cc84
 def write_metrics(cfg: RunConfig, run: RunState) -> str:
     "Write the run's `metrics.json` into its output folder; return a line on its latest epoch (the last: a summary)."
-    write_json_atomic(Path(cfg.output_dir) / "metrics.json", run.history)
+    tmp = Path(cfg.output_dir) / f".metrics.json.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(run.history, indent=1))
+    fsync(tmp)
+    os.replace(tmp, tmp.with_name("metrics.json"))  # atomic: a reader sees the last record or this one, never half
     m = run.history[-1]
     line = (
         f"epoch {m['epoch']}: train loss {m['train_loss']:.4f} | eval loss {m['eval_loss']:.4f} | accuracy "

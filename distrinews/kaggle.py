@@ -70,18 +70,15 @@ def find_attached_agnews(root: str | os.PathLike | None = None) -> Path | None:
 # %% ../nbs/12_kaggle_inputs.ipynb #c12a0008
 def is_model_folder(folder: Path) -> bool:
     "A Hugging Face model folder: config.json, weights and a tokenizer."
-    weights = any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
-    vocab = any((folder / f).is_file() for f in ("tokenizer.json", "vocab.txt"))
-    return (folder / "config.json").is_file() and weights and vocab
+    has = lambda *names: any((folder / f).is_file() for f in names)
+    return has("config.json") and has("model.safetensors", "pytorch_model.bin") and has("tokenizer.json", "vocab.txt")
 
 
 def is_course_checkpoint(folder: Path) -> bool:
     "A checkpoint a training run of this course saved (notebooks 03/04): a model folder with its run_config.json."
-    if not (is_model_folder(folder) and (folder / "run_config.json").is_file()):
-        return False
     try:  # the untrained demo checkpoint (notebook 05) has the same files: it is no trained model
-        return json.loads((folder / "run_config.json").read_text()).get("profile") != "demo"
-    except ValueError:
+        return is_model_folder(folder) and json.loads((folder / "run_config.json").read_text()).get("profile") != "demo"
+    except (OSError, ValueError, AttributeError):  # no run_config.json, or not a JSON object
         return False
 
 # %% ../nbs/12_kaggle_inputs.ipynb #c12a0010

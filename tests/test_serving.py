@@ -256,12 +256,10 @@ def test_payload_is_real(tmp_path):
 
 def test_malicious_pickles_never_run(tmp_path, checkpoint):
     marker = tmp_path / "pwned.txt"
-    # 1. a reference-style .pt whose unpickling would run code: the loader serves folders only (converting it with
-    # weights_only=True is tests/test_convert.py's)
+    # 1. a reference-style .pt whose unpickling would run code: the loader serves folders only, and says how to convert
+    # it (notebook 13's recipe, with weights_only=True); one line
     torch.save({"model_state_dict": {"w": torch.zeros(1)}, "epoch": Payload(marker)}, tmp_path / "evil.pt")
-    with pytest.raises(
-        InvalidCheckpointError, match=r"Convert it first: python -m distrinews.convert .*evil.pt OUT_DIR"
-    ):
+    with pytest.raises(InvalidCheckpointError, match=r"evil.pt is a single .pt file .* notebook 13's recipe\.$"):
         load_classifier(tmp_path / "evil.pt")
     # 2. a valid checkpoint folder with a booby-trapped training_state.pt: loads, and the file is never opened
     ckpt = tmp_path / "ckpt"
