@@ -8,9 +8,7 @@ workers, more samples per step) and the same pool of rows: `--steps` optimizer s
 second that the script times itself (its `metrics.json`: the training loop's wall time on rank 0, the samples of all
 ranks); we report samples/s, speed-up over 1 rank and efficiency = speed-up / N. Every N > 1 runs with stock DDP (the
 backend's all-reduce: what `make main` and every learner get) and, as side rows, with each other way of averaging asked
-for with `--averaging`: PyTorch's fp16/bf16 compression hooks and PowerSGD (the script's `--comm-hook`), or the
-shared-memory hook that notebook 08 writes as a lesson on communication hooks (swapped into `train_ddp.py` by
-`distrinews.benchmarks.train_ddp_shm`, the only difference).
+for with `--averaging`: PyTorch's fp16/bf16 compression hooks and PowerSGD (the script's `--comm-hook`).
 
 Why whole passes: batches are padded to their longest item, so their cost varies a lot, and oneDNN (PyTorch's CPU
 kernels) compiles a kernel the first time it meets a shape. Timing "20 steps after 3" gave the 1-rank and the 2-rank job

@@ -89,7 +89,7 @@ PY
   if [ -n "$clone" ]; then
     echo "$name" >>"$tmp/failed"; echo "$name found the clone ($clone): a Kaggle session has none."; return
   fi
-  # nbdev_test skips 07's training measurements (#|notest): they run here only, and the repository's report renders
+  # nbdev_test skips 07's measurements (#|notest): they run here only, and the repository's report renders
   # what they wrote (in a clone, 07's last cells do this themselves)
   if [ "$name" = 07_benchmarks ]; then
     rm -rf "$tmp/report07"

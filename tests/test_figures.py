@@ -30,10 +30,6 @@ R = report.load(BENCH / "results")
 R["original_writeup"] = report.ORIGINAL_2XT4  # the original write-up's 2xT4 figures (not measured by us)
 
 
-def run(key: str, world_size: int, grad_sync: str) -> dict:
-    return next(x for x in R[key]["runs"] if x["world_size"] == world_size and x.get("grad_sync") == grad_sync)
-
-
 def gpu(precision: str) -> dict:
     return next(g for k, g in R.items() if k.startswith("gpu") and g.get("precision") == precision)
 
@@ -64,23 +60,6 @@ CITED = [
         r"Test accuracy (?P<fig>[^\n]+)",
         lambda: f"{ACC['accuracy']:.2%} on {ACC['eval_count']} rows ({per_class(ACC)})",
         ("index",),
-    ),
-    # notebook 08: its communication hook against stock DDP, without and with gradient accumulation
-    Cite(r"measured (?P<fig>\d\.\d\d)x for 2 ranks", lambda: f"{run('ddp_scaling', 2, 'shm')['speedup']:.2f}"),
-    Cite(
-        r"against (?P<fig>\d\.\d\d)x for gloo's all-reduce",
-        lambda: f"{run('ddp_scaling', 2, 'allreduce')['speedup']:.2f}",
-        ("08_debugging_ddp",),
-    ),
-    Cite(
-        r"accumulation,? (?:it measured |)(?P<fig>\d\.\d\d)x against",
-        lambda: f"{run('ddp_scaling_accum4', 2, 'shm')['speedup']:.2f}",
-        ("08_debugging_ddp",),
-    ),
-    Cite(
-        r"(?P<fig>\d\.\d\d)x for the stock path",
-        lambda: f"{run('ddp_scaling_accum4', 2, 'allreduce')['speedup']:.2f}",
-        ("08_debugging_ddp",),
     ),
     # our one GPU measurement (an H100, DistilBERT's shape)
     Cite(

@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import mmap
 import os
-import tempfile
 import time
-from collections import Counter
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -20,13 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..ddp import parameter_fingerprint, replicas_in_sync
+from ..ddp import parameter_fingerprint, register_comm_hook, replicas_in_sync
 from .concepts import demo_batch, tiny_mlp
 
 # %% auto #0
 __all__ = ['TwoHeads', 'unused_parameters_demo', 'uneven_batches_demo', 'mismatched_all_reduce', 'logging_demo', 'try_load',
-           'checkpoint_demo', 'state_dict_demo', 'grads_in_sync', 'train_steps', 'shared_file', 'bucket_parts',
-           'write_share', 'add_shares', 'SharedMemoryGradients', 'shared_memory_hook', 'compare_grad_sync']
+           'checkpoint_demo', 'state_dict_demo', 'grads_in_sync', 'train_steps']
 
 # %% ../../nbs/08_debugging_ddp.ipynb #7995ba2d
 class TwoHeads(nn.Module):
@@ -107,7 +102,7 @@ def logging_demo(rank: int, world_size: int, rank0_only: bool) -> dict:
         print(f"step 1: loss {mean.item():.4f} (mean over {world_size} ranks)")
     return dict(local=loss.item(), mean=mean.item())
 
-# %% ../../nbs/08_debugging_ddp.ipynb #5262d554
+# %% ../../nbs/08_debugging_ddp.ipynb #d0b35de7
 def try_load(path) -> str:
     "'ok', or the error `torch.load` raises on `path`."
     try:
@@ -116,7 +111,7 @@ def try_load(path) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {str(e)[:100]}"
 
-
+# %% ../../nbs/08_debugging_ddp.ipynb #5262d554
 def checkpoint_demo(rank: int, world_size: int, path: str, strategy: str) -> dict:
     """Save `tiny_mlp`'s weights to `path` and read them back, with one of three strategies (2 ranks):
     'every_rank' (both write; rank 1 starts when rank 0 is 70 % done), 'rank0_no_barrier' (rank 0 writes atomically on a
@@ -156,7 +151,7 @@ def state_dict_demo(rank: int, world_size: int) -> dict:
     ddp = DDP(tiny_mlp())
     return dict(wrapper=ddp.state_dict(), module=ddp.module.state_dict())
 
-# %% ../../nbs/08_debugging_ddp.ipynb #553e8dd7
+# %% ../../nbs/08_debugging_ddp.ipynb #67786b31
 def grads_in_sync(model) -> bool:
     "True when every rank holds the same gradients (compares a fingerprint of all `.grad`s across ranks)."
     grads = [p.grad.detach().double() for p in model.parameters() if p.grad is not None]
@@ -165,7 +160,7 @@ def grads_in_sync(model) -> bool:
     dist.all_gather(everyone, mine)
     return all(torch.allclose(everyone[0], other, rtol=1e-6, atol=1e-9) for other in everyone[1:])
 
-
+# %% ../../nbs/08_debugging_ddp.ipynb #553e8dd7
 def train_steps(
     rank: int,
     world_size: int,
@@ -174,28 +169,27 @@ def train_steps(
     batch_size: int = 8,
     straggler_s: float = 0.0,
     width: int = 32,
+    comm_hook: str = "none",
 ) -> dict:
-    """Train `tiny_mlp` for `steps` on rank-specific data. `mode`: 'ddp' (correct), 'unwrapped' (DDP built but the raw
-    model trained), 'no_sync' (every backward inside `no_sync()`); without a process group: 'local' (the plain model).
-    `straggler_s`: rank 1 sleeps this long in every step.
-    Returns the gradient check of every step, whether the replicas agree at the end, and the mean step time."""
+    """Train `tiny_mlp` on rank-specific data. `mode`: 'ddp' (correct), 'unwrapped' (DDP built, the raw model trained),
+    'no_sync' (every backward in `no_sync()`), 'local' (no process group); `comm_hook`: see `register_comm_hook` (04).
+    Rank 1 sleeps `straggler_s` per step. Returns each step's gradient check, the replicas' check and fingerprint,
+    the mean step time."""
     model = tiny_mlp(width=width)
     single = mode == "local"
     net = model if single else DDP(model)
+    if not single:
+        register_comm_hook(net, comm_hook)  # "none": DDP's own all-reduce
     trained = model if mode == "unwrapped" else net
     opt = torch.optim.SGD(trained.parameters(), lr=0.1)
     x, y = demo_batch(batch_size * steps, seed=100 + rank)  # every rank its own data
     synced, times = [], []
     for step in range(steps):
-        start = time.perf_counter()
-        rows = slice(step * batch_size, (step + 1) * batch_size)
+        start, rows = time.perf_counter(), slice(step * batch_size, (step + 1) * batch_size)
         opt.zero_grad()
         if rank == 1 and straggler_s:
             time.sleep(straggler_s)
-        if mode == "no_sync":
-            with net.no_sync():
-                F.cross_entropy(net(x[rows]), y[rows]).backward()
-        else:
+        with net.no_sync() if mode == "no_sync" else contextlib.nullcontext():
             F.cross_entropy(trained(x[rows]), y[rows]).backward()
         opt.step()
         times.append(time.perf_counter() - start)
@@ -204,171 +198,6 @@ def train_steps(
     return dict(
         grads_in_sync=synced,
         params_in_sync=None if single else replicas_in_sync(model),
+        fingerprint=parameter_fingerprint(model).tolist(),
         step_s=sum(times[1:]) / max(1, len(times) - 1),
-    )
-
-# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c02
-def shared_file(nbytes: int, directory: str, group) -> mmap.mmap:
-    "Map one file that every rank of `group` shares; it is deleted at once (the mappings keep its memory alive)."
-    rank, path = dist.get_rank(group), [None]
-    if rank == 0:
-        fd, path[0] = tempfile.mkstemp(dir=directory, prefix="distrinews-gradients-")
-        os.close(fd)
-    dist.broadcast_object_list(path, src=dist.get_global_rank(group, 0), group=group)
-    fd = os.open(path[0], os.O_RDWR)
-    try:
-        dist.barrier(group)  # everyone has it open...
-        if rank == 0:
-            os.unlink(path[0])  # ...so it can go: the memory is freed when the last rank exits
-        try:
-            os.posix_fallocate(fd, 0, nbytes)  # reserve the memory now, or fail now
-        except OSError as e:
-            raise RuntimeError(
-                f"Cannot reserve {nbytes / 2**20:.0f} MB in {directory} for gradient averaging ({e}). "
-                "Free space there (or enlarge it: docker run --shm-size=2g), "
-                "or use DDP's own all-reduce (no hook)."
-            ) from None
-        return mmap.mmap(fd, nbytes)
-    finally:
-        os.close(fd)
-
-# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c11
-def bucket_parts(bucket, flat: torch.Tensor, ids_seen: dict) -> tuple[list, list]:
-    """`bucket` (its buffer: `flat`) as dense (start, end) ranges and sparse (start, gradient rows, used row ids) parts:
-    the embeddings of `ids_seen` ({`id` of the weight: the token ids seen since the last synchronisation})."""
-    dense, sparse, start = [], [], 0
-    for p, g in zip(bucket.parameters(), bucket.gradients()):
-        if id(p) not in ids_seen:
-            continue
-        at = (g.data_ptr() - flat.data_ptr()) // flat.element_size()
-        if not (0 <= at and at + g.numel() <= flat.numel()):
-            raise RuntimeError(
-                "DDP gave the hook a gradient that is not a view of its bucket; use DDP's own all-reduce (no hook)."
-            )
-        seen = ids_seen[id(p)]
-        # without recorded ids (no forward went through the hook), find the non-zero rows
-        used = torch.cat(seen).unique() if seen else g.view(g.shape[0], -1).ne(0).any(1).nonzero().flatten()
-        seen.clear()
-        if at > start:
-            dense.append((start, at))
-        sparse.append((at, g.view(g.shape[0], -1), used))
-        start = at + g.numel()
-    if start < flat.numel():
-        dense.append((start, flat.numel()))
-    return dense, sparse
-
-# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c14
-def write_share(flat, dense, sparse, values, row_ids, n: int) -> int:
-    "Step 1: this rank's share of the average of `flat` over `n` ranks into its slots; returns the numbers it wrote."
-    for a, b in dense:
-        torch.div(flat[a:b], n, out=values[a:b])
-    at, sent = 0, sum(b - a for a, b in dense)
-    for a, rows, used in sparse:
-        k, width = len(used), rows.shape[1]
-        row_ids[at] = k
-        row_ids[at + 1 : at + 1 + k] = used
-        torch.div(rows.index_select(0, used), n, out=values[a : a + k * width].view(k, width))
-        at += 1 + rows.shape[0]
-        sent += k * width
-    return sent
-
-# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c18
-def add_shares(flat, dense, sparse, values, row_ids):
-    "Step 3: every rank's share (`values[r]`, `row_ids[r]`) summed into `flat` in rank order: the same on every rank."
-    for a, b in dense:
-        flat[a:b].copy_(values[0, a:b])
-        for r in range(1, len(values)):
-            flat[a:b].add_(values[r, a:b])
-    at = 0
-    for a, rows, used in sparse:
-        width = rows.shape[1]
-        rows.index_fill_(0, used, 0)
-        for r in range(len(values)):
-            k = int(row_ids[r, at])
-            rows.index_add_(0, row_ids[r, at + 1 : at + 1 + k], values[r, a : a + k * width].view(k, width))
-        at += 1 + rows.shape[0]
-
-# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c16
-class SharedMemoryGradients:
-    "State of a DDP communication hook that averages gradients through shared memory, for ranks on one machine."
-
-    def __init__(self, model: nn.Module, group=None, directory: str = "/dev/shm"):
-        self.group = group or dist.group.WORLD
-        self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
-        # one slot holds the largest possible bucket: every trainable parameter (DDP's first step uses one bucket)
-        self.capacity = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        # embeddings whose gradient is sparse; a weight shared with another module (tied embeddings) is dense
-        users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
-        embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad]
-        embeddings = [m for m in embeddings if not m.sparse and users[id(m.weight)] == 1]
-        self.ids_seen = {id(m.weight): [] for m in embeddings}  # token ids since the last synchronisation
-        for m in embeddings:
-            m.register_forward_pre_hook(partial(self._remember_ids, id(m.weight)))
-        row_capacity = sum(m.weight.shape[0] + 1 for m in embeddings) or 1
-        nbytes = 2 * self.world_size * (4 * self.capacity + 8 * row_capacity)
-        self._map, floats = shared_file(nbytes, directory, self.group), 2 * self.world_size * self.capacity
-        self.values = torch.frombuffer(self._map, dtype=torch.float32, count=floats).view(2, self.world_size, -1)
-        self.row_ids = torch.frombuffer(self._map, dtype=torch.int64, offset=4 * floats).view(2, self.world_size, -1)
-        self.calls, self.numbers_sent, self.numbers_total = 0, 0, 0
-
-    def _remember_ids(self, key, module, args):
-        if torch.is_grad_enabled():
-            self.ids_seen[key].append(args[0].detach().flatten())
-
-    def average(self, bucket) -> torch.Tensor:
-        "Average `bucket` over all ranks, in place."
-        flat = bucket.buffer()
-        if flat.numel() > self.capacity or flat.dtype != torch.float32:
-            raise RuntimeError(
-                f"gradient bucket of {flat.numel():,} {flat.dtype} values does not fit the shared slots "
-                f"({self.capacity:,} float32): was the model changed after the hook was made?"
-            )
-        half = self.calls % 2
-        self.calls += 1  # alternate halves: a fast rank never overwrites what a slow one reads
-        values, row_ids = self.values[half], self.row_ids[half]
-        dense, sparse = bucket_parts(bucket, flat, self.ids_seen)
-        self.numbers_sent += write_share(flat, dense, sparse, values[self.rank], row_ids[self.rank], self.world_size)
-        self.numbers_total += flat.numel()
-        dist.barrier(self.group)  # 2. every share is written
-        add_shares(flat, dense, sparse, values, row_ids)
-        return flat
-
-
-def shared_memory_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings
-    "DDP communication hook: `ddp.register_comm_hook(SharedMemoryGradients(model), shared_memory_hook)`."
-    future = torch.futures.Future()
-    future.set_result(state.average(bucket))
-    return future
-
-# %% ../../nbs/08_debugging_ddp.ipynb #5e3a0c04
-def compare_grad_sync(rank: int, world_size: int, steps: int = 3, accumulation: int = 2) -> dict:
-    "On every rank: DDP's all-reduce vs `SharedMemoryGradients` on the same small embedding model and batches."
-
-    def model():
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Embedding(1000, 16), nn.Flatten(), nn.Linear(16 * 6, 32), nn.ReLU(), nn.Linear(32, 4))
-
-    reference, ours = DDP(model(), bucket_cap_mb=0.002), DDP(model(), bucket_cap_mb=0.002)
-    state = SharedMemoryGradients(ours.module)
-    ours.register_comm_hook(state, shared_memory_hook)
-    g = torch.Generator().manual_seed(rank)  # different data on every rank
-    worst, identical = 0.0, []
-    for _ in range(steps):
-        calls_before = state.calls
-        for micro in range(accumulation):
-            x, y = torch.randint(0, 1000, (4, 6), generator=g), torch.randint(0, 4, (4,), generator=g)
-            for m in (reference, ours):
-                with m.no_sync() if micro < accumulation - 1 else contextlib.nullcontext():
-                    nn.functional.cross_entropy(m(x), y).backward()
-        pairs = [(p.grad, q.grad) for p, q in zip(reference.parameters(), ours.parameters())]
-        identical.append(all(torch.equal(a, b) for a, b in pairs))
-        worst = max([worst] + [(a - b).abs().max().item() for a, b in pairs])
-        for m in (reference, ours):
-            m.zero_grad(set_to_none=True)
-    return dict(
-        identical=identical,
-        max_difference=worst,
-        buckets_last_step=state.calls - calls_before,
-        fingerprint=parameter_fingerprint(ours.module).tolist(),
-        sent=f"{state.numbers_sent:,} of {state.numbers_total:,} numbers",
     )
