@@ -57,8 +57,7 @@ def evaluate(model, test_dl, device, precision) -> dict:
     return metrics_from_counts(counts)
 
 
-def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, report_to="none", profile_steps=0,
-          hook=register_comm_hook):  # fmt: skip
+def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, report_to="none", profile_steps=0):
     "Train `cfg` to its last epoch (resuming from its checkpoint if there is one); returns the run's progress."
     rank, world_size = dist.get_rank(), dist.get_world_size()  # which worker this is, of how many
     master_process = rank == 0
@@ -76,7 +75,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
     # a replica on every rank; backward() averages the gradients over the ranks, bucket by bucket, as it goes
     # gradient_as_bucket_view: the gradients live in DDP's communication buckets, one copy less per step
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
-    hook(model, cfg.comm_hook)  # --comm-hook fp16/bf16/powersgd compresses the gradients in flight
+    register_comm_hook(model, cfg.comm_hook)  # --comm-hook fp16/bf16/powersgd compresses the gradients in flight
     raw_model = model.module  # the model inside the wrapper: what the optimizer steps and the checkpoint holds
     shipped = raw_model if ema is None else ema.module  # what we evaluate and serve
     optimizer = make_optimizer(raw_model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
@@ -174,7 +173,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
     return run
 
 
-def main(argv=None, hook=register_comm_hook):  # hook: a benchmark passes notebook 08's own
+def main(argv=None):
     args = training_parser("train_ddp.py").parse_args(argv)
     cfg, device = config_from_args(args), pick_device(local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     if args.check:  # check the configuration and stop: one clear message before any real work
@@ -187,7 +186,7 @@ def main(argv=None, hook=register_comm_hook):  # hook: a benchmark passes notebo
     try:
         if args.global_batch_size:
             cfg.batch_size = per_rank_batch_size(args.global_batch_size, dist.get_world_size(), cfg.grad_accum)
-        train(cfg, device, args.resume, args.simulate_failure_at_step, None, args.report_to, args.profile_steps, hook)
+        train(cfg, device, args.resume, args.simulate_failure_at_step, None, args.report_to, args.profile_steps)
     finally:
         dist.destroy_process_group()  # also when this rank fails: the others stop waiting for it
 
