@@ -24,7 +24,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the servers load a local checkpoint: no hub call
 
-from distrinews.benchmarks import http_json, load_test, load_texts, server_process, summarize  # noqa: E402
+from distrinews.benchmarks import load_test, load_texts, summarize  # noqa: E402
+from distrinews.harness import http_json, server_process  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

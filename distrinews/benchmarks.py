@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['training_script', 'training_flags', 'run_jobs', 'save', 'reference_loop', 'trainer_vs_reference', 'training_command',
-           'samples_per_s', 'scaling_figures', 'ddp_scaling', 'http_json', 'server_process', 'load_texts', 'load_test',
-           'summarize', 'scraping', 'measure_servers', 'batching_gain', 'serving_benchmark']
+           'samples_per_s', 'scaling_figures', 'ddp_scaling', 'load_texts', 'load_test', 'summarize', 'scraping',
+           'measure_servers', 'batching_gain', 'serving_benchmark']
 
 # %% ../nbs/07_benchmarks.ipynb #b3000001
 import contextlib
@@ -29,12 +29,12 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from . import convert  # fit_head: a trained-looking model in seconds (13)
 from .data import DataFolderError, load_agnews, load_splits
+from .harness import http_json, server_process  # notebook 18
 from .inference import make_demo_checkpoint
 from .model import OFFLINE_ENCODER, build_classifier, config_from_args, load_tokenizer
 from .train import pick_device, pick_precision, training_parser
@@ -215,50 +215,6 @@ def ddp_scaling(
     result.update(threads_per_rank=threads, timed_steps=steps, rows=rows, warmup_passes=warmup, repeats=repeats)
     result.update(precision=pick_precision(precision, pick_device()), runs=runs)
     return save(dict(result, backend="nccl" if torch.cuda.is_available() else "gloo"), out)
-
-# %% ../nbs/07_benchmarks.ipynb #b3000011
-def http_json(url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict | None]:
-    "GET `url` (or POST `body` as JSON) with the standard library: the status code and the decoded JSON answer."
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-
-# %% ../nbs/07_benchmarks.ipynb #b3000012
-@contextlib.contextmanager
-def server_process(*args: str, python=sys.executable, env=None, cwd=None, host="127.0.0.1", timeout: float = 180):
-    """`python -m distrinews.serve ARGS` in a subprocess on a free port. Once `/health` answers (200, or 503 from a
-    server without a model) it yields the server: its base `url`, its `process` and `log()`, what it printed so far;
-    afterwards it stops it (SIGTERM, as a container platform does). `env`: the whole environment (default: this
-    process's); `python`: another interpreter (another checkout)."""
-    from distrinews.ddp import free_port
-
-    port, logfile = free_port(host), tempfile.NamedTemporaryFile("w", prefix="distrinews-serve-", suffix=".log")
-    cmd = [str(python), "-m", "distrinews.serve", "--host", host, "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-    server = SimpleNamespace(url=f"http://{host}:{port}", process=proc, log=Path(logfile.name).read_text)
-    deadline = time.monotonic() + timeout
-    try:
-        while True:  # the model loads before the port opens
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with code {proc.returncode}:\n{server.log()[-4000:]}")
-            with contextlib.suppress(OSError, ValueError):
-                if http_json(server.url + "/health", timeout=2)[0] in (200, 503):
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no answer from {server.url} in {timeout} s:\n{server.log()[-4000:]}")
-            time.sleep(0.2)
-        yield server
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-        proc.kill()  # only if SIGTERM did not end it in 30 s (a process that has ended is not signalled)
-        proc.wait()
-        logfile.close()  # and deleted
 
 # %% ../nbs/07_benchmarks.ipynb #b3000015
 def load_texts(n: int, max_words: int = 10, start: int = 0) -> list[str]:

@@ -16,7 +16,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest
 
-from distrinews.benchmarks import http_json, server_process  # noqa: F401   (http_json: for the test files)
+from distrinews.harness import http_json, server_process  # noqa: F401   (http_json: for the test files)
 
 ROOT = Path(__file__).resolve().parents[1]
 # the training scripts notebooks 03 and 04 write, and how the DDP tests launch them: torchrun, one thread per worker

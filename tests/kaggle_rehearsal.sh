@@ -125,7 +125,7 @@ lane() {  # lane $1: the notebooks named, one after the other (those the caller 
 # 586 s instead of 59 s), so each gets OMP_NUM_THREADS=1 there.
 lane_a=(04_ddp 05_inference 06_deploy 11_scale_out 08_debugging_ddp 13_reference_checkpoints)
 lane_b=(00_concepts 01_model 02_dataset 03_single_gpu 07_benchmarks 09_interview_prep 10_going_further 12_kaggle_inputs
-        14_spawn_workers 15_checkpoints 16_server_defences 17_tracking)
+        14_spawn_workers 15_checkpoints 16_server_defences 17_tracking 18_server_harness)
 mapfile -t all < <(cd nbs && ls [0-9][0-9]_*.ipynb | sed 's/\.ipynb$//')
 for name in "${all[@]}"; do  # a notebook added to nbs/ and to no lane would go untested
   [[ " ${lane_a[*]} ${lane_b[*]} " =~ " $name " ]] || { echo "$name is in no lane of $0"; exit 1; }
