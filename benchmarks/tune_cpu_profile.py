@@ -21,10 +21,31 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def study_json(study) -> dict:
+    "Every trial of `study` (state, settings, validation accuracy per epoch), the best one and the study's notes."
+    trials = [
+        dict(
+            number=t.number,
+            state=t.state.name,
+            params=t.params,
+            value=t.value,
+            val_accuracy=[t.intermediate_values[k] for k in sorted(t.intermediate_values)],
+            seconds=t.duration.total_seconds() if t.duration else None,
+            retry_of=t.system_attrs.get("failed_trial"),  # a copy of a trial whose worker died
+            recorded=t.user_attrs.get("recorded"),  # a trial added by hand says how
+        )
+        for t in study.get_trials(deepcopy=False)
+    ]
+    best = max((t for t in trials if t["state"] == "COMPLETE"), key=lambda t: t["value"], default=None)
+    states = dict(sorted(Counter(t["state"] for t in trials).items()))
+    return dict(study=study.study_name, trials=trials, best=best, states=states, notes=dict(study.user_attrs))
 
 
 def main(argv=None):
@@ -70,38 +91,27 @@ def main(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA GPU is visible here.")
     from distrinews.model import get_config
-    from distrinews.scale import SEARCHED, StorageError, open_storage, open_study, study_summary, tune_worker
+    from distrinews.scale import SEARCHED, StorageError, open_storage, open_study, tune_worker
 
-    base = get_config("cpu", validation_size=args.validation_size, output_dir=str(ROOT / "runs" / "tuning_cpu"))
+    base = get_config(
+        "cpu",
+        validation_size=args.validation_size,
+        epochs=args.max_epochs,
+        output_dir=str(ROOT / "runs" / "tuning_cpu"),
+    )
     started = time.perf_counter()
     try:
+        storage = open_storage(args.storage)
+        study = open_study(storage, args.study, args.startup_trials, args.sampler_seed, args.warmup_epochs)
         queued = ([{k: getattr(base, k) for k in SEARCHED}] if args.baseline else []) + args.enqueue
-        if queued:  # tried before the sampler's own suggestions (settings left out are sampled)
-            study = open_study(
-                open_storage(args.storage), args.study, args.startup_trials, warmup_epochs=args.warmup_epochs
-            )
-            for settings in queued:
-                study.enqueue_trial(settings, skip_if_exists=True)
-        if args.trials:
-            study = tune_worker(
-                args.storage,
-                args.study,
-                args.trials,
-                base,
-                args.max_epochs,
-                args.startup_trials,
-                seed=args.sampler_seed,
-                warmup_epochs=args.warmup_epochs,
-            )
-        else:
-            study = open_study(
-                open_storage(args.storage), args.study, args.startup_trials, warmup_epochs=args.warmup_epochs
-            )
+        for settings in queued:  # tried before the sampler's own suggestions (settings left out are sampled)
+            study.enqueue_trial(settings, skip_if_exists=True)
+        tune_worker(study, args.trials, base)
     except StorageError as e:
         sys.exit(f"tune_cpu_profile.py: error: {e}")
     if args.no_write:
         return
-    summary = study_summary(study)
+    summary = study_json(study)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
     summary.update(
         profile="cpu",

@@ -2,6 +2,7 @@
 processes of `python -m distrinews.scale tune-worker` pulling trials from one Optuna study. Every trial is a run of
 notebook 03's training script (`distrinews.scripts.train_single.train`, the program `python train_single.py` runs),
 whose `on_epoch_end` reports the validation accuracy to Optuna and raises `TrialPruned` when the pruner says so.
+Each worker prints Optuna's own line per trial ("Trial 3 pruned. ...", "Trial 1 finished with value: ...").
 
 - two workers share the study: every enqueued trial is run exactly once, by one of them;
 - a trial designed to be poor (lr=1e-7, 2 epochs) is pruned after its first epoch by the median rule;
@@ -12,13 +13,14 @@ whose `on_epoch_end` reports the validation accuracy to Optuna and raises `Trial
 The server is this file's own (`local_postgres`, a test helper: PostgreSQL's `initdb` and `pg_ctl`, found on PATH or
 under /usr/lib/postgresql/*/bin).
 
-Ray Train and Ray Tune run in the notebook itself (nbs/11_scale_out.ipynb), where one Ray instance serves both: Ray
-Train runs notebook 04's `train_ddp.py` (its `train`, in Ray's process group) with a worker killed mid-run, and its
-final weights and test accuracy must equal those of the same script launched by torchrun.
+Ray Train runs in the notebook itself (nbs/11_scale_out.ipynb): notebook 04's `train_ddp.py` (its `train`, in Ray's
+process group) with a worker killed mid-run, whose final weights and test accuracy must equal those of the same script
+launched by torchrun.
 """
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,7 +36,7 @@ pytestmark = pytest.mark.slow  # Ray and PostgreSQL
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg")
 from distrinews.ddp import free_port  # noqa: E402
-from distrinews.scale import SEARCHED, StorageError, open_storage, open_study, study_summary  # noqa: E402
+from distrinews.scale import SEARCHED, StorageError, open_storage, open_study  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -111,14 +113,12 @@ def worker(url, study, trials, out):
         study,
         "--trials",
         str(trials),
-        "--max-epochs",
+        "--epochs",
         "2",
         "--startup-trials",
         "1",
         "--heartbeat",
-        "1",
-        "--grace",
-        "3",
+        "2",
         *TINY,
         "--output-dir",
         str(out),
@@ -133,7 +133,7 @@ def states(study):
 @pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL (initdb, pg_ctl) is not installed")
 def test_two_workers_one_postgres_study_with_pruning_and_a_killed_worker(tmp_path):
     with local_postgres() as url:
-        study = open_study(open_storage(url, heartbeat_interval=1, grace_period=3), "news", startup_trials=1)
+        study = open_study(open_storage(url, heartbeat_interval=2), "news", startup_trials=1)
         # trial 0 goes to a worker we kill; 1 and 2 to the two workers; 3 (poor) to whichever finishes first, when a
         # finished trial exists for the median rule to compare with
         for params in (GOOD, GOOD, GOOD, POOR):
@@ -171,11 +171,9 @@ def test_two_workers_one_postgres_study_with_pruning_and_a_killed_worker(tmp_pat
         assert len(poor) == 1 and poor[0].state.name == "PRUNED", poor
         assert sorted(poor[0].intermediate_values) == [1]
         assert all(poor[0].intermediate_values[1] < t.value for t in by_state["COMPLETE"])
-        # both workers took part, each running its own trials
-        assert all(log.count("] trial ") == 2 for log in logs), logs
-        summary = study_summary(study)
-        assert summary["best"]["value"] == max(t.value for t in by_state["COMPLETE"])
-        assert summary["states"]["PRUNED"] >= 1 and "RUNNING" not in summary["states"]
+        # both workers took part, each running its own trials (Optuna's line for each: finished or pruned)
+        assert all(len(re.findall(r"Trial \d+ (?:finished|pruned)", log)) == 2 for log in logs), logs
+        assert study.best_value == max(t.value for t in by_state["COMPLETE"])
     # the server is stopped when the block ends: the same URL is now refused, in one line that names it
     with pytest.raises(StorageError, match="cannot open the study storage postgresql"):
         open_storage(url)

