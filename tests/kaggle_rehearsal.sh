@@ -117,14 +117,15 @@ lane() {  # lane $1: the notebooks named, one after the other (those the caller 
     touch "$tmp/ran-$name"
   done
 }
-# two lanes of about equal length (by one run's per-notebook times on the slower host: about 450 s each), each with its own
-# environment: 04, 05, 06, 11, 08, 13 (the internet on); and 00-03, 07, 09, 10, 12, 14-17 (the internet off: installed
+# two lanes of about equal length (by one run's per-notebook times on the slower host: about 490 s each), each with its own
+# environment: 04, 05, 06, 11, 08, 13, 09, 10 (the internet on); and 00-03, 07, 12, 14-18 (the internet off: installed
 # from the attached wheelhouse).
 # Side by side (KAGGLE_REHEARSAL_PARALLEL=1, what tests/run_tests.sh sets) they keep the 2 cores busy (three lanes
 # measured no faster: the cores are the limit). With torch's default threads the sessions would contend (03 took
 # 586 s instead of 59 s), so each gets OMP_NUM_THREADS=1 there.
-lane_a=(04_ddp 05_inference 06_deploy 11_scale_out 08_debugging_ddp 13_reference_checkpoints)
-lane_b=(00_concepts 01_model 02_dataset 03_single_gpu 07_benchmarks 09_interview_prep 10_going_further 12_kaggle_inputs
+lane_a=(04_ddp 05_inference 06_deploy 11_scale_out 08_debugging_ddp 13_reference_checkpoints 09_interview_prep
+        10_going_further)
+lane_b=(00_concepts 01_model 02_dataset 03_single_gpu 07_benchmarks 12_kaggle_inputs
         14_spawn_workers 15_checkpoints 16_server_defences 17_tracking 18_server_harness)
 mapfile -t all < <(cd nbs && ls [0-9][0-9]_*.ipynb | sed 's/\.ipynb$//')
 for name in "${all[@]}"; do  # a notebook added to nbs/ and to no lane would go untested
