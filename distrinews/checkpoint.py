@@ -160,8 +160,10 @@ def check_writable(folder: str | os.PathLike):
 def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None) -> Path:
     """Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically, sealed by a
     `manifest.json` of every other file's SHA-256, written last: a folder without one was never finished."""
-    hf_logging.disable_progress_bar()  # one bar per save_pretrained otherwise; a training log shows one line per epoch
-    with atomic_directory(path) as tmp:
+    with contextlib.ExitStack() as restore, atomic_directory(path) as tmp:
+        if hf_logging.is_progress_bar_enabled():  # off while saving (a training log shows one line per epoch, not a
+            hf_logging.disable_progress_bar()  # bar per save_pretrained), then on again for the caller's downloads
+            restore.callback(hf_logging.enable_progress_bar)
         sha256s = lambda: {f.relative_to(tmp).as_posix(): file_sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
         steps = [
             ("model.safetensors", lambda: model.save_pretrained(tmp)),

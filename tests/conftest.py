@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the training scripts notebooks 03 and 04 write, and how the DDP tests launch them: torchrun, one thread per worker
 TRAIN_SINGLE, TRAIN_DDP = ROOT / "nbs" / "train_single.py", ROOT / "nbs" / "train_ddp.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-JOB_ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+# PYTHONFAULTHANDLER: a worker killed by a signal (SIGABRT, SIGSEGV) prints where its Python code was
+JOB_ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONFAULTHANDLER="1")
 JOB_ENV.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # whatever the shell says: a hub call fails at once
 # a tiny, exact configuration of the DDP tests: fp32, no dropout, 96 training rows = 6 steps of a global batch of 16
 TINY = ["--profile", "smoke", "--train-size", "96", "--test-size", "48", "--max-length", "32", "--epochs", "1"]

@@ -58,5 +58,6 @@ if __name__ == "__main__":
         dist.all_gather_object(replicas, replica_check())  # what each rank found
         if dist.get_rank() == 0:
             json.dump(dict(result, replicas=replicas), open(a.out, "w"))
+        dist.barrier()  # all ranks leave together: none closes its connections while rank 0 still writes
     finally:
         dist.destroy_process_group()
