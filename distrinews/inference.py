@@ -257,7 +257,7 @@ def _close(self: MicroBatcher, drain_s: float) -> threading.Timer:
     timer.start()
     return timer
 
-
+# %% ../nbs/05_inference.ipynb #6749279a
 def _refuse_queued(self: MicroBatcher):
     with self._cond:
         jobs, self.queued = list(self._queue), 0

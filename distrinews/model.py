@@ -227,7 +227,7 @@ def packaged_encoder_dir() -> Path | None:
     path = Path(pkg.get_model_path())
     return path if (path / "config.json").exists() else None
 
-
+# %% ../nbs/01_model.ipynb #e91c9953
 def hub_offline(datasets: bool = False) -> bool:
     "True when HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE (for `datasets`: HF_DATASETS_OFFLINE), keeps us off the hub."
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if datasets else ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")

@@ -79,7 +79,7 @@ def _not_blank(text: str) -> str:
         raise ValueError("text is empty or only white space")
     return text
 
-
+# %% ../nbs/06_deploy.ipynb #1bbfd935
 def request_models(max_text_chars: int, max_batch_size: int):
     "The request bodies of /predict and /predict/batch, with the server's limits built in."
     example = "Oil prices climb as stocks slide on Wall Street"
@@ -106,7 +106,7 @@ class Prediction(BaseModel):
 class BatchPrediction(BaseModel):
     predictions: list[Prediction]
 
-
+# %% ../nbs/06_deploy.ipynb #6d5ca995
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     model_loaded: bool

@@ -86,7 +86,7 @@ def make_weight_average(model, decay: float):
 class NonFiniteError(RuntimeError):
     "The loss or the weights became NaN or infinite: the run diverged."
 
-
+# %% ../nbs/03_single_gpu.ipynb #ba52d9b9
 def check_finite_weights(model, step: int):
     "Raise `NonFiniteError` if any parameter of `model` holds NaN or infinity (checked before every save)."
     # a tensor's sum is finite unless the tensor holds NaN or infinity (or the sum overflows: then the element-wise
@@ -260,7 +260,7 @@ def check_config(cfg: RunConfig, device: torch.device):
     "What `--check` prints: the run's profile, precision and data, or the one error that stops it."
     print(f"{cfg.profile} profile, precision {pick_precision(cfg.precision, device)}, data from {data_source(cfg)}: OK")
 
-
+# %% ../nbs/03_single_gpu.ipynb #82a8fc9d
 @contextlib.contextmanager
 def clear_errors(prog: str):
     """End a script on a mistake with one line that names it and says what to change, not a traceback: bad settings,
