@@ -61,7 +61,7 @@ def run_jobs(commands: list[list[str]], env: dict | None = None) -> list[list[di
             raise RuntimeError(f"exit status {p.returncode}: {shlex.join(c)}\n{err[-3000:]}")
     return [json.loads((Path(c[c.index("--output-dir") + 1]) / "metrics.json").read_text()) for c in commands]
 
-
+# %% ../nbs/07_benchmarks.ipynb #8fecfb98
 def save(result: dict, out: str | os.PathLike) -> dict:
     "Write `result` to the JSON file `out` with this machine (unless it names one) and the date; return it."
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

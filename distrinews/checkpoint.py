@@ -215,7 +215,7 @@ RESUMABLE_CHANGES = set(
     "profile output_dir save_every eval_batch_size num_threads data_dir test_size comm_hook log_every".split()
 )
 
-
+# %% ../nbs/15_checkpoints.ipynb #f627008a
 def check_resumable(saved: dict, cfg: RunConfig):
     "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path."
     then = (

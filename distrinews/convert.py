@@ -36,7 +36,7 @@ def _save_folder(path: str | os.PathLike, model, tokenizer, run_config: dict) ->
     (Path(path) / "run_config.json").write_text(json.dumps(run_config, indent=1))
     return Path(path)
 
-
+# %% ../nbs/13_reference_checkpoints.ipynb #fe8d0537
 def make_demo_checkpoint(path: str | os.PathLike, model_name=OFFLINE_ENCODER, seed=0, max_length=128) -> Path:
     "Write an untrained classifier in the training checkpoint format to `path` (for demos and tests)."
     _quiet_transformers()
@@ -53,7 +53,7 @@ CHECKPOINT_HINT = (
     "(config.json, model.safetensors, tokenizer files), e.g. runs/cpu/checkpoint from train_ddp.py."
 )
 
-
+# %% ../nbs/13_reference_checkpoints.ipynb #934e9055
 def _read_json(path: Path) -> dict:
     "The JSON object in file `path`; {} where there is none."
     try:

@@ -67,7 +67,7 @@ def log(self: Tracker, values: dict, step: int, flush: bool = True):
     if self.wandb is not None:
         self.wandb.log(values, step=step)
 
-
+# %% ../nbs/17_tracking.ipynb #fba4263b
 @patch
 def log_steps(self: Tracker, steps: list[tuple], samples: int):
     "Steps read together, each `(step, loss, lr, grad_norm)`; `samples`: the epoch's rows so far, over all ranks."
