@@ -92,10 +92,10 @@ _FRAME = r"[^\n|\]]*?: *\d{1,3}%\|[^|\n]*\|[^\n\[]*\[[^\]\n]*\]"
 
 
 def _settle(text: str) -> str:
-    """Keep only the last frame of every line a progress bar redrew with carriage returns (or whose frames lost their
-    carriage returns on the way: they sit side by side on one line)."""
+    """Keep only the last frame of every line a progress bar redrew with carriage returns; a frame with more text after
+    it on its line (another frame, or the line that followed a bar that never settled) goes."""
     text = "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
-    return re.sub(f"(?:{_FRAME}){{2,}}", lambda m: re.findall(_FRAME, m.group())[-1], text)
+    return re.sub(f"{_FRAME}(?=[^\\s])", "", text)
 
 
 def tidy_text(text: str, root: Path = ROOT) -> str:
