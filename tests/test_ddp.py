@@ -65,7 +65,12 @@ def three_ranks(two_rank_run, tmp_path_factory) -> dict:
     which 3 ranks split unevenly (68, 68, 67), and the replica check; what rank 0 wrote."""
     out = tmp_path_factory.mktemp("ranks3") / "ranks3.json"
     worker = ROOT / "tests" / "ddp_eval_worker.py"
-    run_job(TORCHRUN + ["--standalone", "--nproc_per_node=3", worker, two_rank_run[0] / "checkpoint", out])
+    # --max-restarts=1: in 2 of the last 3 full runs on 2 busy cores one rank of this job died of SIGABRT inside
+    # C++ (std::terminate; cause not found); torchrun restarts the group once, and a real failure fails twice
+    run_job(
+        TORCHRUN
+        + ["--standalone", "--nproc_per_node=3", "--max-restarts=1", worker, two_rank_run[0] / "checkpoint", out]
+    )
     return json.loads(out.read_text())
 
 
