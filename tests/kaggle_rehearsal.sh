@@ -68,7 +68,7 @@ run_one() {  # notebook $1 in environment $2, alone in its own working folder; a
   mkdir -p "$work"
   cp "nbs/$name.ipynb" "$tmp/nb/"  # File -> Import Notebook: this notebook, nothing else of the repository
   [ "$name" = 11_scale_out ] && venv="$tmp/venv-scale"
-  [ "$name" = 04_ddp ] && extra=(-p fair_rows 64)  # its fair comparison: 4 runs of 64 rows, not 640
+  [ "$name" = 04_ddp ] && extra=(-p fair_rows 64)  # its fair comparison: 6 runs of 64 rows, not 640
   # 07 measures: its `smoke` profile sets tiny parameters (its results go to the working folder: no clone here)
   [ "$name" = 07_benchmarks ] && extra=(-p profile smoke)
   if ! (cd "$work" && session "$venv" "$venv/bin/python" -m papermill --no-progress-bar --log-level WARNING \
