@@ -24,11 +24,14 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: settings.ini setup.py deployment/requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch 2.13.0 first: an unpinned torch would pull several GB of CUDA packages on a CPU machine
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 uv
 	# the image's pins (deployment/requirements.txt) constrain this environment too: the versions the tests run are the
 	# versions the Space serves with, whatever has been released since
 	grep -v '^-' deployment/requirements.txt > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev,scale,track]"
+	# uv installs the other ~190 packages in parallel: 12 s where pip took 162 s (measured side by side on a 2-core
+	# AVX2 EPYC, both caches empty). uv reads no pip.conf: where only pip's configured index is reachable, pip installs.
+	$(BIN)/uv pip install -q --python $(BIN)/python -c $(VENV)/constraints.txt -e ".[dev,scale,track]" \
+	  || $(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev,scale,track]"
 	touch $@
 
 PROFILE ?= cpu
