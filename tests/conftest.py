@@ -43,14 +43,16 @@ def load_script(path: Path):
 def run_job(cmd, timeout=240) -> str:
     "Run a training job (a command line) from the repository root; returns what it printed, or fails the test."
     p = subprocess.run([str(c) for c in cmd], env=JOB_ENV, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    assert p.returncode == 0, f"{cmd} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{fatal_stack(p.stderr)}"
+    assert p.returncode == 0, (
+        f"{cmd} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{fatal_stack(p.stderr) or p.stderr[-3000:]}"
+    )
     return p.stdout + p.stderr
 
 
 def fatal_stack(stderr: str) -> str:
-    "faulthandler's report of a process killed by a signal (PYTHONFAULTHANDLER=1) in full, else stderr's last lines."
+    "faulthandler's report of a process killed by a signal (PYTHONFAULTHANDLER=1) in full; '' if there is none."
     at = stderr.find("Fatal Python error")
-    return stderr[at : at + 8000] if at >= 0 else stderr[-3000:]
+    return stderr[at : at + 8000] if at >= 0 else ""
 
 
 def saved_weights(run_dir) -> dict:

@@ -83,8 +83,8 @@ def three_ranks(two_rank_run, tmp_path_factory) -> dict:
         TORCHRUN
         + ["--standalone", "--nproc_per_node=3", "--max-restarts=1", worker, two_rank_run[0] / "checkpoint", out]
     )
-    if "Fatal Python error" in printed:  # a restart hid an abort: its stack goes to the warnings summary, to find it
-        warnings.warn(f"a rank of the 3-rank job was restarted after:\n{fatal_stack(printed)}", stacklevel=1)
+    if stack := fatal_stack(printed):  # a restart hid an abort: its stack goes to the warnings summary, to find it
+        warnings.warn(f"a rank of the 3-rank job was restarted after:\n{stack}", stacklevel=1)
     return json.loads(out.read_text())
 
 
