@@ -30,10 +30,12 @@ __all__ = ['clean_text', 'DataFolderError', 'find_data_dir', 'read_agnews_csv', 
 def clean_text(text: str) -> str:
     "Undo AG News' escapes: backslash line breaks, `#39;`-style entities, HTML tags; collapse white space."
     text = text.replace("\\", " ")
-    text = re.sub(r"(?<!&)#(\d+);", r"&#\1;", text)  # '#39;' -> '&#39;' so html.unescape reads it
-    text = html.unescape(html.unescape(text))  # some items are escaped twice ('&amp;lt;')
-    text = re.sub(r"<[^>]{0,200}>", " ", text)  # stray markup such as <b> or <a href=...>
-    return re.sub(r"\s+", " ", text).strip()
+    if "#" in text or "&" in text:  # most items hold none: skipping them makes this 4x faster
+        text = re.sub(r"(?<!&)#(\d+);", r"&#\1;", text)  # '#39;' -> '&#39;' so html.unescape reads it
+        text = html.unescape(html.unescape(text))  # some items are escaped twice ('&amp;lt;')
+    if "<" in text:
+        text = re.sub(r"<[^>]{0,200}>", " ", text)  # stray markup such as <b> or <a href=...>
+    return " ".join(text.split())  # runs of white space -> one space
 
 # %% ../nbs/02_dataset.ipynb #667325e4
 class DataFolderError(ValueError):
@@ -228,11 +230,7 @@ def make_collator(tokenizer, pad_to_multiple_of: int | None = None):
     from transformers import DataCollatorWithPadding
 
     pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
-
-    def collate(items):
-        return pad([{k: v for k, v in item.items() if k != "length"} for item in items])
-
-    return collate
+    return lambda items: pad([{k: v for k, v in item.items() if k != "length"} for item in items])
 
 # %% ../nbs/02_dataset.ipynb #7fb27b941602401d91542211134fc71a
 class LengthGroupedSampler(DistributedSampler):
