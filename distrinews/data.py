@@ -17,13 +17,14 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DistributedSampler
+from transformers import DataCollatorWithPadding
 
 from .kaggle import KAGGLE_HEADER, find_attached_agnews
 from .model import LABELS, hub_offline
 
 # %% auto #0
 __all__ = ['clean_text', 'DataFolderError', 'find_data_dir', 'read_agnews_csv', 'locate_data', 'data_source', 'load_agnews',
-           'stratified_indices', 'stratified_subset', 'tokenize_dataset', 'make_collator', 'LengthGroupedSampler',
+           'stratified_indices', 'stratified_subset', 'tokenize_dataset', 'PadBatch', 'LengthGroupedSampler',
            'check_training_rows', 'load_splits', 'loader_options', 'load_tokenized_splits']
 
 # %% ../nbs/02_dataset.ipynb #a8c178b8
@@ -196,8 +197,7 @@ def stratified_subset(ds, n: int | None, seed: int = 0):
 def _content_key(ds, tokenizer, max_length) -> str:
     h = hashlib.sha256()
     for t, y in zip(ds["text"], ds["label"]):
-        h.update(t.encode())
-        h.update(bytes([y]))
+        h.update(t.encode() + bytes([y]))
     h.update(f"{tokenizer.name_or_path}|{len(tokenizer)}|{type(tokenizer).__name__}|{max_length}".encode())
     return h.hexdigest()[:24]
 
@@ -225,12 +225,11 @@ def tokenize_dataset(ds, tokenizer, max_length: int = 128, cache_dir: str | os.P
     )
 
 # %% ../nbs/02_dataset.ipynb #654ab02a
-def make_collator(tokenizer, pad_to_multiple_of: int | None = None):
+class PadBatch(DataCollatorWithPadding):
     "Pads each batch to its longest item (rounded up to `pad_to_multiple_of`); renames `label` to `labels`."
-    from transformers import DataCollatorWithPadding
 
-    pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
-    return lambda items: pad([{k: v for k, v in item.items() if k != "length"} for item in items])
+    def __call__(self, items):  # a class, not a closure: workers started by spawn or forkserver unpickle it
+        return super().__call__([{k: v for k, v in item.items() if k != "length"} for item in items])
 
 # %% ../nbs/02_dataset.ipynb #7fb27b941602401d91542211134fc71a
 class LengthGroupedSampler(DistributedSampler):
@@ -307,14 +306,14 @@ def load_splits(cfg):
 
 # %% ../nbs/02_dataset.ipynb #e02a0008
 def loader_options(tokenizer, device: str | torch.device, precision: str = "fp32") -> dict:
-    """The `DataLoader` arguments for feeding `device`: batches padded to their longest row (`make_collator`), and on a
+    """The `DataLoader` arguments for feeding `device`: batches padded to their longest row (`PadBatch`), and on a
     GPU page-locked (pinned) memory for asynchronous copies, 2 worker processes that collate while the GPU computes,
     and lengths padded to multiples of 8 under half precision (tensor cores work in tiles of 8). On a CPU none of that
     helps: workers would take cores from the training itself. A private random generator keeps the loader off the
     global one, so a resumed run draws the same dropout masks as an uninterrupted one."""
     cuda = torch.device(device).type == "cuda"
     return dict(
-        collate_fn=make_collator(tokenizer, 8 if cuda and precision in ("fp16", "bf16") else None),
+        collate_fn=PadBatch(tokenizer, pad_to_multiple_of=8 if cuda and precision in ("fp16", "bf16") else None),
         pin_memory=cuda,
         num_workers=2 if cuda else 0,
         persistent_workers=cuda,
