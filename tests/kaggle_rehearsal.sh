@@ -20,8 +20,8 @@
 #   /kaggle/input): AG News in the Kaggle dataset's layout, and the MiniLM encoder (a distilbert-base-uncased download
 #   is what this machine cannot do; DISTRINEWS_MODEL_NAME names the encoder, and DISTRINEWS_TRAIN_SIZE etc. a tiny run
 #   as a learner may set one: one epoch of 256 rows in batches of 16 at lr 3e-4, enough for 03's and 04's checks of a
-#   trained model (accuracy above 50 %; measured on the AVX2 host: 76 % after 03's 16 steps, 87 % after 04's 8 steps
-#   of 2 x 16 rows; at the kaggle profile's lr of 5e-5 such short runs stay near chance);
+#   trained model (accuracy above 50 %: 74 % after 03's 16 steps, 87 % after 04's 8 steps of 2 x 16 rows, on the 128
+#   test rows; the same 256 rows at lr 1e-4 reached 64 % in one process, a margin too thin for a test);
 # - 04's checkpoint reaches 05 and 06 only as Kaggle passes it: 04's working folder attached as a notebook output.
 # A notebook whose output mentions this clone's path has found the clone, and fails.
 set -euo pipefail
@@ -118,7 +118,7 @@ lane() {  # lane $1: the notebooks named, one after the other (those the caller 
     touch "$tmp/ran-$name"
   done
 }
-# two lanes of about equal length (by one run's per-notebook times on the slower host: about 560 s each), each with its own
+# two lanes of about equal length (by one run's per-notebook times on the slower host: about 510 s each), each with its own
 # environment: 04, 05, 06, 11, 13, 09, 10 (the internet on); and 00-03, 07, 08, 12, 14-18 (the internet off: installed
 # from the attached wheelhouse).
 # Side by side (KAGGLE_REHEARSAL_PARALLEL=1, what tests/run_tests.sh sets) they keep the 2 cores busy (three lanes
