@@ -2,7 +2,7 @@
 #   make main   train with DDP on the `cpu` profile (2 CPU workers, or every GPU), evaluate on the real test set,
 #               save a resumable checkpoint in runs/cpu/checkpoint, then serve it on http://127.0.0.1:7860
 #   make course execute the notebooks on the `cpu` profile and write their outputs back into nbs/ (about an hour on 2 cores: 03 and 04 train the cpu profile)
-#   make test   every test (what CI runs, ~19 min on 2 cores): generated files in sync, ruff, nbdev_test (profile=smoke),
+#   make test   every test (what CI runs, ~17 min on 2 cores): generated files in sync, ruff, nbdev_test (profile=smoke),
 #               the Kaggle rehearsal (each notebook alone, papermill), pytest
 #   make check  the quick loop while editing (~1 min): export in sync, ruff, the fast tests (pytest -m "not slow")
 #   make format ruff's formatter and import sorting over the notebooks, benchmarks, tools and tests
