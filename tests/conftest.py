@@ -125,7 +125,6 @@ LONGEST_FIRST = (
     "test_ddp.py",
     "test_server_http.py",
     "test_scale.py",
-    "test_tracking.py",
     "test_run_faults.py",
     "test_deployment.py",
     "test_slurm.py",

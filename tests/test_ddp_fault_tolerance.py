@@ -1,6 +1,7 @@
 """Fault tolerance under torchrun: workers killed mid-epoch and mid-snapshot under --max-restarts resume from
 the last complete snapshot and end bit for bit where an uninterrupted run ends (dropout on: every rank's random stream
-is restored). MiniLM, not test_ddp.py's 2-layer encoder: the kill must land inside a snapshot write, and MiniLM's
+is restored), and that rank 0 tracked the job (`--report-to tensorboard,wandb`) with every step once: test_tracking.py's
+`check_tracking`. MiniLM, not test_ddp.py's 2-layer encoder: the kill must land inside a snapshot write, and MiniLM's
 (90 MB of weights, twice that of optimizer state) takes about a second."""
 
 import os
@@ -12,6 +13,7 @@ import time
 import pytest
 import torch
 from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, run_job, saved_weights
+from test_tracking import HAS_WANDB, check_tracking
 
 pytestmark = pytest.mark.slow  # torchrun jobs
 # fp32 with dropout on, 96 rows = 6 steps of a global batch of 16, a snapshot every 2 steps; texts long enough that the
@@ -26,14 +28,16 @@ def test_killed_workers_resume_exactly(tmp_path):
     """Fault tolerance, proven once: one torchrun job (2 workers, --max-restarts=2, a snapshot every 2 of its 6 steps)
     loses a worker twice -- rank 1 SIGKILLs itself at step 3, after the step-2 snapshot; in the restarted attempt rank 0
     is SIGKILLed from outside while it writes the step-4 snapshot. Each attempt resumes from the last complete snapshot
-    and the job ends with the weights of an uninterrupted run, bit for bit."""
+    and the job ends with the weights of an uninterrupted run, bit for bit. Rank 0's tracking logged each step once."""
     straight = tmp_path / "straight"
     run_job(TORCHRUN + ["--standalone", "--nproc_per_node=2", TRAIN_DDP, *EXACT_WITH_DROPOUT, "--output-dir", straight])
     out = tmp_path / "faults"
     cmd = TORCHRUN + ["--standalone", "--nproc_per_node=2", "--max-restarts=2", TRAIN_DDP, *EXACT_WITH_DROPOUT]
     cmd += ["--simulate-failure-at-step", "3", "--output-dir", out]
+    cmd += ["--report-to", "tensorboard,wandb" if HAS_WANDB else "tensorboard"]
+    env = dict(JOB_ENV, WANDB_MODE="offline", WANDB_SILENT="true")  # W&B with no account: files only
     job = subprocess.Popen(
-        [str(c) for c in cmd], env=JOB_ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [str(c) for c in cmd], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
@@ -65,3 +69,4 @@ def test_killed_workers_resume_exactly(tmp_path):
     state, _ = load_training_state(out / "checkpoint")  # loads: not corrupt
     assert (state["epoch"], state["step"], len(state["rng"])) == (1, 6, 2)
     assert not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])  # the ranks' streams really differ
+    check_tracking(out, steps=6, resumed_from=2, attempts=3)  # the last attempt resumed from the step-2 snapshot

@@ -1,7 +1,8 @@
-"""Experiment tracking from rank 0 (`--report-to`): a 2-worker torchrun job that loses a worker once and resumes from
-its snapshot logs every optimizer step exactly once, with the values the run itself kept (the checkpoint's loss per
-step, `metrics.json` per epoch), and nothing from rank 1. Read back with TensorBoard's own reader and from the offline
-W&B run file."""
+"""Experiment tracking from rank 0 (`--report-to`): `check_tracking` reads back what a torchrun job that lost workers
+and resumed from its snapshots logged (test_ddp_fault_tolerance.py's job: one job proves both): every optimizer step
+exactly once, with the values the run itself kept (the checkpoint's loss per step, `metrics.json` per epoch), and
+nothing from rank 1. Read back with TensorBoard's own reader and from the offline W&B run files. And the timeline of
+`--profile-steps`: an all-reduce per bucket per step on each rank."""
 
 import importlib.util
 import json
@@ -10,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import JOB_ENV, TINY, TORCHRUN, TRAIN_DDP, run_job
 
 pytestmark = pytest.mark.slow  # a torchrun job
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
@@ -36,26 +36,9 @@ def wandb_history(run_file: Path) -> list[dict]:
     return rows
 
 
-def test_rank_0_tracks_a_restarted_run_once(tmp_path, encoder):
-    out = tmp_path / "run"
-    report_to = "tensorboard,wandb" if HAS_WANDB else "tensorboard"
-    # 2 epochs of 6 steps, a snapshot every 2 steps; rank 1 dies at step 9 (rank 0 has logged step 9 by then): the
-    # restart resumes from step 8 and logs step 9 again, which must replace the first one, not sit beside it
-    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", TRAIN_DDP, *TINY]
-    cmd += ["--model-name", encoder, "--epochs", "2", "--batch-size", "8", "--save-every", "2"]
-    cmd += ["--simulate-failure-at-step", "9", "--report-to", report_to, "--output-dir", out]
-    JOB_ENV.update(WANDB_MODE="offline", WANDB_SILENT="true")
-    try:
-        log = run_job(cmd, timeout=400)
-    finally:
-        for k in ("WANDB_MODE", "WANDB_SILENT"):
-            JOB_ENV.pop(k)
-    assert "simulated crash at step 9" in log and "epoch 2, step 8" in log, log[-3000:]
-    check_tracking(out, encoder)
-
-
-def check_tracking(out: Path, model_name: Path):
-    "What the job above must have logged, read back from its files."
+def check_tracking(out: Path, steps: int, resumed_from: int, attempts: int):
+    """What a job of `steps` optimizer steps in `attempts` attempts, the last resumed from step `resumed_from`, must
+    have logged with `--report-to tensorboard,wandb`, read back from its files."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
@@ -63,24 +46,25 @@ def check_tracking(out: Path, model_name: Path):
     from distrinews.train import make_scheduler
 
     runs = out / "runs"
-    # one events file per attempt, both rank 0's: a writer on rank 1 would have made 4
-    assert len(list(runs.glob("events.out.tfevents.*"))) == 2, sorted(os.listdir(runs))
+    # one events file per attempt, all rank 0's: a writer on rank 1 would have made twice as many
+    assert len(list(runs.glob("events.out.tfevents.*"))) == attempts, sorted(os.listdir(runs))
     acc = EventAccumulator(str(runs), size_guidance={"scalars": 0, "tensors": 0}).Reload()
     state, cfg = load_training_state(out / "checkpoint")
     history = json.loads((out / "metrics.json").read_text())
     assert all(0 < m["mfu"] < 1 for m in history), history  # the model-FLOPs utilisation, a share of the peak
 
     losses = [(e.step, e.value) for e in acc.Scalars("train/loss")]
-    assert [s for s, _ in losses] == list(range(1, 13))  # every step exactly once, step 9 from the restart
-    assert [s for s, _ in state["train_log"]] == list(range(1, 13))
+    every = list(range(1, steps + 1))
+    assert [s for s, _ in losses] == every  # every step exactly once: those logged again replace the first ones
+    assert [s for s, _ in state["train_log"]] == every
     assert [v for _, v in losses] == pytest.approx([v for _, v in state["train_log"]], rel=1e-6)  # the run's own
     for tag in ("train/grad_norm", "train/samples_per_s"):
         values = [e.value for e in acc.Scalars(tag)]
-        assert len(values) == 12 and all(0 < v < float("inf") for v in values), (tag, values)
-    # the learning rate each step used: the run's schedule (the same function, its saved configuration), 12 steps
+        assert len(values) == steps and all(0 < v < float("inf") for v in values), (tag, values)
+    # the learning rate each step used: the run's schedule (the same function, its saved configuration)
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg["lr"])
-    schedule, lrs = make_scheduler(opt, 12, int(cfg["warmup_ratio"] * 12)), []
-    for _ in range(12):
+    schedule, lrs = make_scheduler(opt, steps, int(cfg["warmup_ratio"] * steps)), []
+    for _ in range(steps):
         lrs.append(schedule.get_last_lr()[0])
         opt.step()
         schedule.step()
@@ -99,24 +83,28 @@ def check_tracking(out: Path, model_name: Path):
         assert [[int(x) for x in row.strip("| ").split(" | ")[1:]] for row in rows] == m["confusion"]
     hparams = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]  # the configuration, logged once
     hparams = HParamsPluginData.FromString(hparams).session_start_info.hparams
-    assert (hparams["lr"].number_value, hparams["model_name"].string_value) == (cfg["lr"], str(model_name))
+    assert (hparams["lr"].number_value, hparams["model_name"].string_value) == (cfg["lr"], cfg["model_name"])
 
-    if not HAS_WANDB:
-        pytest.skip("wandb is not installed (pip install wandb): the TensorBoard half passed")
+    if not HAS_WANDB:  # (the `track` extra, which `make venv` installs, has it)
+        return print("wandb is not installed (pip install wandb): the TensorBoard half passed")
     run_id = (runs / "wandb_run_id").read_text()
     folders = sorted((runs / "wandb").glob("offline-run-*"))
-    assert [f.name.rsplit("-", 1)[1] for f in folders] == [run_id, run_id]  # one per attempt, one run id: rank 0's
+    assert [f.name.rsplit("-", 1)[1] for f in folders] == [run_id] * attempts  # one per attempt, one run id: rank 0's
     losses = dict(state["train_log"])
-    killed, resumed = ([r for r in wandb_history(f / f"run-{run_id}.wandb") if "train/loss" in r] for f in folders)
-    # the resumed attempt: steps 9 to 12, each once, with the run's values and each epoch's metrics at its last step
-    assert [(r["_step"], r["train/loss"]) for r in resumed] == [(s, pytest.approx(losses[s])) for s in range(9, 13)]
+    *killed, resumed = ([r for r in wandb_history(f / f"run-{run_id}.wandb") if "train/loss" in r] for f in folders)
+    # the last attempt: the steps after its snapshot, each once, with the run's values and the epoch's metrics
+    expected = [(s, pytest.approx(losses[s])) for s in range(resumed_from + 1, steps + 1)]
+    assert [(r["_step"], r["train/loss"]) for r in resumed] == expected
     assert resumed[-1]["epoch/accuracy"] == pytest.approx(history[-1]["accuracy"])
-    # the killed attempt: what its writer had flushed (every 0.5 s) before the kill, a run of steps from 1, each once,
-    # with the values of the run (a resume is exact: a step logged again has the same value)
-    steps = [r["_step"] for r in killed]
-    assert steps == list(range(1, len(steps) + 1)) and len(steps) <= 9, steps
-    assert [r["train/loss"] for r in killed] == pytest.approx([losses[s] for s in steps])
-    print(f"W&B: the killed attempt's file holds steps 1-{len(steps)} (the checkpoint had 8)")
+    # a killed attempt: what its writer had flushed (every 0.5 s) before the kill, a run of steps from where the
+    # attempt began (step 1, or after a snapshot), each once, with the values of the run (a resume is exact: a step
+    # logged again has the same value)
+    for attempt, rows in enumerate(killed, 1):
+        logged = [r["_step"] for r in rows]
+        first = 1 if attempt == 1 else (logged or [0])[0]
+        assert logged == list(range(first, first + len(logged))) and len(logged) < steps, (attempt, logged)
+        assert [r["train/loss"] for r in rows] == pytest.approx([losses[s] for s in logged])
+        print(f"W&B: killed attempt {attempt}'s file holds steps {logged}")
 
 
 def ddp_buckets(model_name) -> int:
