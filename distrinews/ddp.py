@@ -190,7 +190,7 @@ def interconnect_summary() -> str:
 
 # %% ../nbs/04_ddp.ipynb #dd4e3756
 def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], iters: int, warmup: int, queue):
-    "One rank of `allreduce_bandwidth`: seconds per all-reduce of each size (the slowest rank's), by rank 0 to `queue`."
+    "One rank of `allreduce_bandwidth`: the best seconds per all-reduce of each size (the slower rank's), to `queue`."
     import time
 
     cuda = torch.cuda.is_available()
@@ -202,15 +202,15 @@ def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], i
     try:
         seconds = []
         for size in sizes:
-            x = torch.ones(size // 4, dtype=torch.float32, device=device)
-            for i in range(warmup + iters):
-                if i == warmup:
-                    dist.barrier()
-                    sync()
-                    start = time.perf_counter()
+            x, took = torch.ones(size // 4, dtype=torch.float32, device=device), []
+            for _ in range(warmup + iters):  # each one timed alone, the ranks starting together
+                dist.barrier()
+                sync()
+                start = time.perf_counter()
                 dist.all_reduce(x)
-            sync()
-            took = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
+                sync()
+                took.append(time.perf_counter() - start)
+            took = torch.tensor([min(took[warmup:])], dtype=torch.float64, device=device)
             dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
             seconds.append(took.item())
         if rank == 0:
@@ -223,8 +223,8 @@ def allreduce_bandwidth(
     world_size: int | None = None, sizes: list[int] | None = None, iters: int = 20, warmup: int = 5
 ) -> list[dict]:
     """Time `all_reduce` (sum of float32 tensors of `sizes` bytes) among `world_size` processes, one per GPU over NCCL
-    (gloo on a CPU), as nccl-tests' all_reduce_perf does. One row per size: bytes, count, time_us, algbw_gbs,
-    busbw_gbs."""
+    (gloo on a CPU): the best of `iters` after `warmup`. One row per size as nccl-tests' all_reduce_perf prints it:
+    bytes, count, time_us, algbw_gbs, busbw_gbs."""
     world_size = world_size or (torch.cuda.device_count() or 2)
     sizes = sizes or [4**k for k in range(6, 14)]  # 4 KiB to 64 MiB
     ctx = torch.multiprocessing.get_context("spawn")

@@ -18,7 +18,7 @@ from ..ddp import parameter_fingerprint
 
 # %% auto #0
 __all__ = ['training_hours', 'training_memory_gb', 'collectives_demo', 'tiny_mlp', 'demo_batch', 'ddp_anatomy', 'ring_all_reduce',
-           'ring_all_reduce_bytes', 'time_all_reduce', 'sampler_shards', 'global_rank']
+           'ring_all_reduce_bytes', 'sampler_shards', 'global_rank']
 
 # %% ../../nbs/00_concepts.ipynb #d84d3507
 def training_hours(
@@ -133,22 +133,6 @@ def ring_all_reduce(vectors: list[list[float]]) -> tuple[list[list[float]], list
 def ring_all_reduce_bytes(gradient_bytes: float, world_size: int) -> float:
     "Bytes each rank sends (and receives) in one ring all-reduce of `gradient_bytes`."
     return 2 * (world_size - 1) / world_size * gradient_bytes
-
-# %% ../../nbs/00_concepts.ipynb #24b82c18
-def time_all_reduce(rank: int, world_size: int, sizes: list[int], repeats: int = 5) -> dict[int, float]:
-    "Median seconds for one all-reduce of a float32 tensor of each size (numbers, not bytes)."
-    times = {}
-    for n in sizes:
-        t = torch.ones(n)
-        dist.all_reduce(t)  # warm-up: buffers, connections
-        samples = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(t)
-            samples.append(time.perf_counter() - start)
-        times[n] = sorted(samples)[len(samples) // 2]
-    return times
 
 # %% ../../nbs/00_concepts.ipynb #7739d944
 def sampler_shards(make_sampler, world_size: int, epochs: int = 2, call_set_epoch: bool = True) -> list[list[list]]:
