@@ -202,15 +202,15 @@ def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], i
     try:
         seconds = []
         for size in sizes:
-            x, took = torch.ones(size // 4, dtype=torch.float32, device=device), []
+            x, times = torch.ones(size // 4, dtype=torch.float32, device=device), []
             for _ in range(warmup + iters):  # each one timed alone, the ranks starting together
                 dist.barrier()
                 sync()
                 start = time.perf_counter()
                 dist.all_reduce(x)
                 sync()
-                took.append(time.perf_counter() - start)
-            took = torch.tensor([min(took[warmup:])], dtype=torch.float64, device=device)
+                times.append(time.perf_counter() - start)
+            took = torch.tensor([min(times[warmup:])], dtype=torch.float64, device=device)  # the best
             dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
             seconds.append(took.item())
         if rank == 0:
