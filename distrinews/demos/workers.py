@@ -8,12 +8,14 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import pickle
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -40,7 +42,7 @@ class RankResult:
 # %% ../../nbs/14_spawn_workers.ipynb #8edb47106e1a46a883d545849b8ab81b
 def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
     "In a worker: capture output, join a fresh process group, run the function, leave the group."
-    fn, args, kwargs, env, port, timeout_s, log_path = task
+    call, env, port, timeout_s, log_path = task
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -54,6 +56,7 @@ def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
     gloo_platform_env()  # macOS: the loopback interface; Windows: no libuv (see 04)
     value, error = None, None
     try:
+        fn, args, kwargs = pickle.loads(call)  # (cloudpickle wrote it; plain pickle reads it)
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
@@ -143,12 +146,9 @@ def spawn_workers(
 ) -> list[RankResult]:
     """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` processes joined in a gloo process group.
     `env`: environment variables for this call; `timeout_s`: how long a collective may wait for the others;
-    `check`: raise if any rank failed (else the errors are in the results). One `RankResult` per rank."""
-    if fn.__module__ == "__main__" or "<" in fn.__qualname__:
-        raise ValueError(
-            f"{fn.__qualname__} is defined in the notebook (or is a lambda/local function): worker processes "
-            "import the function by name, so it must live in a module, e.g. one exported with #|export."
-        )
+    `check`: raise if any rank failed (else the errors are in the results). One `RankResult` per rank. `fn` may be
+    written in the notebook: cloudpickle sends a function of `__main__` by value, one of a module by name."""
+    call = cloudpickle.dumps((fn, args, kwargs))
     workers = _WORKERS.get(world_size)
     if workers is None or not workers.alive():
         if workers is not None:
@@ -158,7 +158,7 @@ def spawn_workers(
     with tempfile.TemporaryDirectory(prefix="distrinews-ranks-") as d:
         logs = [os.path.join(d, f"rank{r}.log") for r in range(world_size)]
         for r, conn in enumerate(workers.conns):
-            conn.send((fn, args, kwargs, dict(env or {}), port, timeout_s, logs[r]))
+            conn.send((call, dict(env or {}), port, timeout_s, logs[r]))
         deadline = time.monotonic() + 2 * timeout_s + 30
         results = []
         for r, conn in enumerate(workers.conns):
