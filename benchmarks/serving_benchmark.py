@@ -3,7 +3,7 @@
 Starts `distrinews.serve` twice on a free loopback port (once with micro-batching, once with `--no-batching`, where
 the same worker takes one request at a time), sends the same AG News texts from N concurrent clients, and writes
 throughput and p50/p99 latency to a JSON file (notebook 07 writes benchmarks/results/serving_c<clients>.json).
-The servers are started by `distrinews.benchmarks.server_process` (notebook 07), and the texts are AG News test items
+The servers are started by `distrinews.harness.server_process` (notebook 18), and the texts are AG News test items
 read the way the course reads them.
 
     python benchmarks/serving_benchmark.py                          # untrained demo checkpoint, 32 clients

@@ -1,6 +1,6 @@
 """What the test files share: the offline environment, a small demo checkpoint, a checkpoint whose head is fitted on AG
 News (so its labels mean something), and the real server (`python -m distrinews.serve`) in a subprocess, started by
-the package's own `distrinews.benchmarks.server_process`."""
+the package's own `distrinews.harness.server_process`."""
 
 import contextlib
 import importlib.util
@@ -70,7 +70,7 @@ def started_server(
     inherit_env: bool = True,
     **kwargs,
 ):
-    """`distrinews.benchmarks.server_process` as the tests use it: serving `checkpoint`, with this repository's package
+    """`distrinews.harness.server_process` as the tests use it: serving `checkpoint`, with this repository's package
     whether or not it is installed; yields the server (its `url`, `process` and `log()`).
     `inherit_env=False`: only `env` (plus PATH), as in a container."""
     base = dict(os.environ) if inherit_env else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
