@@ -42,7 +42,13 @@ def load_script(path: Path):
 
 def run_job(cmd, timeout=240) -> str:
     "Run a training job (a command line) from the repository root; returns what it printed, or fails the test."
-    p = subprocess.run([str(c) for c in cmd], env=JOB_ENV, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    try:
+        p = subprocess.run(
+            [str(c) for c in cmd], env=JOB_ENV, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        )
+    except subprocess.TimeoutExpired as e:  # what it printed so far (bytes, whatever `text` says): a rank's last stacks
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        pytest.fail(f"{cmd} did not end within {timeout} s:\n{fatal_stack(err) or err[-3000:]}")
     assert p.returncode == 0, (
         f"{cmd} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{fatal_stack(p.stderr) or p.stderr[-3000:]}"
     )

@@ -12,7 +12,7 @@ import json
 import torch
 import torch.distributed as dist
 
-from distrinews.ddp import replicas_in_sync
+from distrinews.ddp import init_options, replicas_in_sync
 from distrinews.model import build_classifier, get_config, load_tokenizer
 from distrinews.scripts.train_ddp import evaluate, make_loaders
 
@@ -51,7 +51,7 @@ if __name__ == "__main__":
     p.add_argument("out")
     p.add_argument("--test-size", type=int, default=203)
     a = p.parse_args()
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", **init_options())  # as train_ddp.py: a restarted attempt gets a store of its own
     try:
         result = evaluate_checkpoint(a.checkpoint, a.test_size)
         replicas = [None] * dist.get_world_size()

@@ -78,7 +78,9 @@ def three_ranks(two_rank_run, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("ranks3") / "ranks3.json"
     worker = ROOT / "tests" / "ddp_eval_worker.py"
     # --max-restarts=1: in 2 of the last 3 full runs on 2 busy cores one rank of this job died of SIGABRT inside
-    # C++ (std::terminate; cause not found); torchrun restarts the group once, and a real failure fails twice
+    # C++ (std::terminate; cause not found); torchrun restarts the group once, and a real failure fails twice. The
+    # restart works because the worker joins with `init_options()` (a store per attempt), as train_ddp.py does: with
+    # a plain init_process_group the restarted ranks dialled the dead attempt's addresses and the job hung
     printed = run_job(
         TORCHRUN
         + ["--standalone", "--nproc_per_node=3", "--max-restarts=1", worker, two_rank_run[0] / "checkpoint", out]
