@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
 import pickle
@@ -68,11 +69,9 @@ def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     finally:
-        try:
+        with contextlib.suppress(Exception):  # (a group that a failed peer broke may not close cleanly)
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:
-            pass
         for k, v in old_env.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -118,10 +117,8 @@ class _Workers:
 
     def close(self):
         for c in self.conns:
-            try:
+            with contextlib.suppress(Exception):  # (a worker that died has closed its end)
                 c.send(None)
-            except Exception:
-                pass
         for p in self.procs:
             p.join(3)
             if p.is_alive():
@@ -148,7 +145,13 @@ def spawn_workers(
     `env`: environment variables for this call; `timeout_s`: how long a collective may wait for the others;
     `check`: raise if any rank failed (else the errors are in the results). One `RankResult` per rank. `fn` may be
     written in the notebook: cloudpickle sends a function of `__main__` by value, one of a module by name."""
-    call = cloudpickle.dumps((fn, args, kwargs))
+    try:
+        call = cloudpickle.dumps((fn, args, kwargs))
+    except Exception as e:  # a lock, an open file, a connection: what cannot leave this process
+        raise TypeError(
+            f"{fn.__name__}, its arguments or a global it uses cannot be sent to the worker processes ({e}): "
+            "create such an object inside the function, on each rank"
+        ) from e
     workers = _WORKERS.get(world_size)
     if workers is None or not workers.alive():
         if workers is not None:
