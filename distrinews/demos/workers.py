@@ -145,11 +145,12 @@ def spawn_workers(
     `env`: environment variables for this call; `timeout_s`: how long a collective may wait for the others;
     `check`: raise if any rank failed (else the errors are in the results). One `RankResult` per rank. `fn` may be
     written in the notebook: cloudpickle sends a function of `__main__` by value, one of a module by name."""
+    name = getattr(fn, "__name__", repr(fn))  # (a functools.partial has none)
     try:
         call = cloudpickle.dumps((fn, args, kwargs))
     except Exception as e:  # a lock, an open file, a connection: what cannot leave this process
         raise TypeError(
-            f"{fn.__name__}, its arguments or a global it uses cannot be sent to the worker processes ({e}): "
+            f"{name}, its arguments or a global it uses cannot be sent to the worker processes ({e}): "
             "create such an object inside the function, on each rank"
         ) from e
     workers = _WORKERS.get(world_size)
@@ -175,7 +176,7 @@ def spawn_workers(
                 _WORKERS.pop(world_size).close()
                 what = "did not answer in time" if isinstance(e, TimeoutError) else f"died (exit code {code})"
                 raise RuntimeError(
-                    f"rank {r} {what} while running {fn.__name__}; the workers were restarted. "
+                    f"rank {r} {what} while running {name}; the workers were restarted. "
                     f"Its last output:\n{output[-2000:]}"
                 ) from None
             results.append(RankResult(r, value, error, open(logs[r]).read()))
