@@ -6,6 +6,8 @@ notebook in benchmarks/runs/, then render benchmarks/README.md and the PNG chart
     .venv/bin/python benchmarks/run.py --smoke --out /tmp/bench    # tiny parameters, ~2 min
     .venv/bin/python benchmarks/run.py --only serving              # one row of the matrix
     .venv/bin/python benchmarks/run.py --dry-run                   # check the rows against the notebook, run nothing
+    # a run of your own: a row with some of 07's parameters changed (a value is read as JSON, else as a string)
+    .venv/bin/python benchmarks/run.py --only training -p measure ddp -p averaging '["allreduce", "fp16"]' --out /tmp/b
 """
 
 import argparse
@@ -48,6 +50,15 @@ SMOKE = {
 }
 
 
+def parameter(pair: list[str]) -> tuple:
+    "`-p NAME VALUE`: the value as JSON (a number, a list, true), else as the string it is."
+    name, value = pair
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
 def check_parameters(matrix: dict, notebook: Path = NOTEBOOK):
     "Stop before measuring anything if a row sets a parameter the notebook's `parameters` cell does not declare."
     declared = set(pm.inspect_notebook(str(notebook)))
@@ -65,10 +76,15 @@ def main(argv=None):
     p.add_argument(
         "--dry-run", action="store_true", help="check the rows against the notebook, print them, run nothing"
     )
+    p.add_argument(
+        "-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+        help="change one of 07's parameters in every row run (VALUE as JSON, else a string)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     matrix = SMOKE if a.smoke else {k: v for k, v in MATRIX.items() if not a.only or k in a.only}
     if a.only and not matrix:
         p.error(f"--only: choose from {sorted(MATRIX)}")
+    matrix = {name: dict(params, **dict(map(parameter, a.parameter))) for name, params in matrix.items()}
     check_parameters(matrix)
     if a.dry_run:
         print(json.dumps(matrix, indent=1))

@@ -6,7 +6,7 @@ This script measures what that costs where it matters: throughput under load, an
 another checkout of the repository ("old", e.g. a git worktree of the commit before), both with micro-batching,
 serving the same checkpoint, and sends the same AG News texts from N concurrent clients in alternating rounds (new,
 old, old, new, ...) so that background load on a shared machine hits both alike. The load generator, the texts and the
-statistics are those of the serving benchmark (`distrinews.benchmarks`, notebook 07). It writes
+statistics are those of the serving benchmark (notebook 07: `distrinews.harness`, notebook 18). It writes
 benchmarks/results/serving_hardening_c<clients>.json with the ratios new/old.
 
     git worktree add /tmp/serve-old a7d3b3a
@@ -24,8 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the servers load a local checkpoint: no hub call
 
-from distrinews.benchmarks import load_test, load_texts, summarize  # noqa: E402
-from distrinews.harness import http_json, server_process  # noqa: E402
+from distrinews.harness import http_json, load_test, load_texts, server_process, summarize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

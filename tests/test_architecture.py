@@ -36,9 +36,9 @@ LAYERS = {
         CORE,
     ),
     **dict.fromkeys(["scripts.train_single", "scripts.train_ddp", "serve", "guard"], PROGRAMS),
-    **dict.fromkeys(["scale", "benchmarks", "harness"], RUNNERS),
+    **dict.fromkeys(["scale", "harness"], RUNNERS),
 }
-TRAINING_MODULES = {"data", "train", "ddp", "scripts.train_single", "scripts.train_ddp", "scale", "benchmarks"}
+TRAINING_MODULES = {"data", "train", "ddp", "scripts.train_single", "scripts.train_ddp", "scale"}
 
 # The budget of each main-path notebook: exported lines (code, not directives). Notebooks still over it have a ceiling
 # that may only go down, until it reaches the budget and the entry goes.
@@ -146,7 +146,7 @@ def test_main_path_notebooks_keep_to_their_budget(name):
 
 
 # No module over 400 lines and the package (the generated index aside) on its way to 3,500: ceilings that only go down
-MODULE_BUDGET, MODULE_CEILING, PACKAGE_CEILING = 400, {}, 3_957
+MODULE_BUDGET, MODULE_CEILING, PACKAGE_CEILING = 400, {}, 3_629
 
 
 def test_modules_keep_to_their_budget():
