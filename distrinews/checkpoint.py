@@ -256,7 +256,7 @@ def set_rng_state(state: dict):
     torch.set_rng_state(state["torch"])
     torch.cuda.set_rng_state_all(state.get("cuda", []))
 
-# %% ../nbs/15_checkpoints.ipynb #bf66b31d
+# %% ../nbs/15_checkpoints.ipynb #40de8cd4
 def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list[dict], model, ema=None) -> dict:
     """Everything besides the weights that a resumed run needs to go on exactly (`rng_states`: one per process, in rank
     order). With a weight average, the folder holds the average (what a server loads) and this the trained weights."""
@@ -266,7 +266,7 @@ def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list
         state.update(live_weights=model.state_dict(), averaged_steps=int(ema.n_averaged))
     return state
 
-# %% ../nbs/15_checkpoints.ipynb #40de8cd4
+
 def resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, model, ema=None, log=print):
     """Load a checkpoint's training state into the optimizer, schedule and scaler (and weight average), restore this
     rank's random streams, and return where the run was. A fresh `RunState` when `checkpoint` is None."""

@@ -20,7 +20,7 @@ from .model import LABELS, OFFLINE_ENCODER, build_classifier, load_tokenizer
 __all__ = ['CHECKPOINT_HINT', 'make_demo_checkpoint', 'InvalidCheckpointError', 'check_checkpoint_dir', 'weights_digest',
            'load_strict', 'NoCheckpointError', 'pick_checkpoint', 'fit_head']
 
-# %% ../nbs/13_reference_checkpoints.ipynb #d0d0b557
+# %% ../nbs/13_reference_checkpoints.ipynb #fe8d0537
 def _quiet_transformers():
     "No progress bars or 'newly initialized weights' warnings from transformers (servers and notebooks stay readable)."
     from transformers.utils import logging
@@ -36,7 +36,7 @@ def _save_folder(path: str | os.PathLike, model, tokenizer, run_config: dict) ->
     (Path(path) / "run_config.json").write_text(json.dumps(run_config, indent=1))
     return Path(path)
 
-# %% ../nbs/13_reference_checkpoints.ipynb #fe8d0537
+
 def make_demo_checkpoint(path: str | os.PathLike, model_name=OFFLINE_ENCODER, seed=0, max_length=128) -> Path:
     "Write an untrained classifier in the training checkpoint format to `path` (for demos and tests)."
     _quiet_transformers()

@@ -19,8 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 # %% auto #0
 __all__ = ['gloo_platform_env', 'init_options', 'free_port', 'parameter_fingerprint', 'replicas_in_sync', 'peak_gpu_memory',
-           'register_comm_hook', 'step_profiler', 'ddp_timeline', 'plot_timeline', 'interconnect_summary',
-           'allreduce_bandwidth', 'bandwidth_table']
+           'register_comm_hook', 'step_profiler', 'ddp_timeline', 'plot_timeline', 'bandwidth_table',
+           'allreduce_bandwidth']
 
 # %% ../nbs/04_ddp.ipynb #7fb27b941602401d91542211134fc71a
 def gloo_platform_env(env=os.environ, system: str | None = None) -> dict:
@@ -176,19 +176,16 @@ def plot_timeline(timeline: dict):
     ax.set(xlabel="ms from the first profiled step", title="forward (blue), backward (orange), all-reduce (green)")
     return fig
 
-# %% ../nbs/04_ddp.ipynb #3da17596
-def interconnect_summary() -> str:
-    "The devices a DDP run here would use: each GPU's name, compute capability and memory, and NCCL's version."
-    if not torch.cuda.is_available():
-        return f"no GPU: DDP runs its workers on the CPU and talks over gloo ({os.cpu_count()} cores)"
-    nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    lines = [f"{torch.cuda.device_count()} GPU(s), CUDA {torch.version.cuda}, NCCL {nccl}"]
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        lines.append(f"  cuda:{i} {p.name}: compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.1f} GiB")
-    return "\n".join(lines)
+# %% ../nbs/04_ddp.ipynb #4545d1fb
+def bandwidth_table(rows: list[dict]) -> str:
+    "`allreduce_bandwidth`'s rows as nccl-tests prints them."
+    line = "{:>12} {:>12} {:>6} {:>6} {:>10} {:>8} {:>8}".format
+    header = [line("size", "count", "type", "redop", "time", "algbw", "busbw"),
+              line("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)")]  # fmt: skip
+    return "\n".join(header + [line(r["bytes"], r["count"], "float", "sum", f"{r['time_us']:.1f}",
+                                     f"{r['algbw_gbs']:.2f}", f"{r['busbw_gbs']:.2f}") for r in rows])  # fmt: skip
 
-# %% ../nbs/04_ddp.ipynb #dd4e3756
+# %% ../nbs/04_ddp.ipynb #4545d1fa
 def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], iters: int, warmup: int, queue):
     "One rank of `allreduce_bandwidth`: the best seconds per all-reduce of each size (the slower rank's), to `queue`."
     import time
@@ -218,7 +215,7 @@ def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], i
     finally:
         dist.destroy_process_group()
 
-# %% ../nbs/04_ddp.ipynb #4545d1fa
+
 def allreduce_bandwidth(
     world_size: int | None = None, sizes: list[int] | None = None, iters: int = 20, warmup: int = 5
 ) -> list[dict]:
@@ -243,12 +240,3 @@ def allreduce_bandwidth(
         except torch.multiprocessing.ProcessRaisedException as e:
             if "EADDRINUSE" not in str(e) or attempt == 2:
                 raise
-
-
-def bandwidth_table(rows: list[dict]) -> str:
-    "`allreduce_bandwidth`'s rows as nccl-tests prints them."
-    line = "{:>12} {:>12} {:>6} {:>6} {:>10} {:>8} {:>8}".format
-    header = [line("size", "count", "type", "redop", "time", "algbw", "busbw"),
-              line("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)")]  # fmt: skip
-    return "\n".join(header + [line(r["bytes"], r["count"], "float", "sum", f"{r['time_us']:.1f}",
-                                     f"{r['algbw_gbs']:.2f}", f"{r['busbw_gbs']:.2f}") for r in rows])  # fmt: skip

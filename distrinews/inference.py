@@ -246,7 +246,7 @@ def _run(self: MicroBatcher):
 
 MicroBatcher._next_batch, MicroBatcher._run = _next_batch, _run
 
-# %% ../nbs/05_inference.ipynb #475546ae
+# %% ../nbs/05_inference.ipynb #6749279a
 def _close(self: MicroBatcher, drain_s: float) -> threading.Timer:
     """Refuse new jobs (`QueueFullError`) from now on; run the queued ones for up to `drain_s` seconds, then refuse
     those still waiting. Returns at once; the batch that is running then finishes."""
@@ -257,7 +257,7 @@ def _close(self: MicroBatcher, drain_s: float) -> threading.Timer:
     timer.start()
     return timer
 
-# %% ../nbs/05_inference.ipynb #6749279a
+
 def _refuse_queued(self: MicroBatcher):
     with self._cond:
         jobs, self.queued = list(self._queue), 0

@@ -176,7 +176,7 @@ def _health(app: FastAPI) -> dict:
         h["batching"].update(queued=batcher.queued, **batcher.stats)
     return h
 
-# %% ../nbs/06_deploy.ipynb #07220c3e
+# %% ../nbs/06_deploy.ipynb #bea0fe57
 async def _infer(request: Request, texts: list[str]) -> list[dict] | Response:
     "The texts' predictions from the micro-batcher: 503 without a model or room in the queue, 499 if the client left."
     batcher = request.app.state.batcher
@@ -187,7 +187,7 @@ async def _infer(request: Request, texts: list[str]) -> list[dict] | Response:
     except QueueFullError as e:  # the queue is full, or the server shuts down: try again later
         raise HTTPException(503, detail=str(e), headers={"Retry-After": str(math.ceil(e.retry_after))}) from None
 
-# %% ../nbs/06_deploy.ipynb #bea0fe57
+
 def create_app(settings: ServeSettings | None = None, classifier: Classifier | None = None) -> FastAPI:
     "The DistriNews API. `classifier`: an already loaded model (else `settings.checkpoint` is loaded at startup)."
     settings = settings or ServeSettings()
