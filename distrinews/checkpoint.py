@@ -24,8 +24,8 @@ from .model import RunConfig
 # %% auto #0
 __all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'fsync', 'atomic_directory',
            'CheckpointError', 'file_sha256', 'verify_checkpoint', 'find_checkpoint', 'clean_checkpoint_leftovers',
-           'CheckpointWriteError', 'describe_write_error', 'check_writable', 'save_checkpoint', 'load_training_state',
-           'check_resumable', 'RunState', 'checkpoint_dir', 'rng_state', 'set_rng_state', 'training_state',
+           'CheckpointWriteError', 'describe_write_error', 'check_writable', 'load_training_state', 'check_resumable',
+           'save_checkpoint', 'RunState', 'checkpoint_dir', 'rng_state', 'set_rng_state', 'training_state',
            'resume_from', 'write_metrics']
 
 # %% ../nbs/15_checkpoints.ipynb #d56c90c8
@@ -156,29 +156,6 @@ def check_writable(folder: str | os.PathLike):
         with contextlib.suppress(OSError):
             probe.unlink()  # also where a full disk refused its bytes after it was created
 
-# %% ../nbs/15_checkpoints.ipynb #a5560957
-def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None) -> Path:
-    """Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically, sealed by a
-    `manifest.json` of every other file's SHA-256, written last: a folder without one was never finished."""
-    with contextlib.ExitStack() as restore, atomic_directory(path) as tmp:
-        if hf_logging.is_progress_bar_enabled():  # off while saving (a training log shows one line per epoch, not a
-            hf_logging.disable_progress_bar()  # bar per save_pretrained), then on again for the caller's downloads
-            restore.callback(hf_logging.enable_progress_bar)
-        sha256s = lambda: {f.relative_to(tmp).as_posix(): file_sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
-        steps = [
-            ("model.safetensors", lambda: model.save_pretrained(tmp)),
-            ("tokenizer files", lambda: tokenizer.save_pretrained(tmp)),
-            (CONFIG_FILE, lambda: (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))),
-            *([(STATE_FILE, lambda: torch.save(state, tmp / STATE_FILE))] if state is not None else []),
-            (MANIFEST_FILE, lambda: (tmp / MANIFEST_FILE).write_text(json.dumps({"files": sha256s()}, indent=1))),
-        ]
-        for name, write in steps:
-            try:
-                write()
-            except (OSError, RuntimeError, SafetensorError) as e:  # safetensors' error (a full disk) is neither
-                raise CheckpointWriteError(describe_write_error(Path(path) / name, e)) from e
-    return Path(path)
-
 # %% ../nbs/15_checkpoints.ipynb #ed7be990
 # what a training state holds; a file without one of these was not written by this trainer
 STATE_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "batches_done", "step", "rng")
@@ -227,6 +204,29 @@ def check_resumable(saved: dict, cfg: RunConfig):
             f"The checkpoint was written by a different run configuration: {'; '.join(diff)}. Resume with the same "
             "settings, or start over with --fresh (or another --output-dir)."
         )
+
+# %% ../nbs/15_checkpoints.ipynb #a5560957
+def save_checkpoint(path, model, tokenizer, cfg: RunConfig, state: dict | None = None) -> Path:
+    """Write a model folder (+ `training_state.pt` when `state` is given) to `path`, atomically, sealed by a
+    `manifest.json` of every other file's SHA-256, written last: a folder without one was never finished."""
+    with contextlib.ExitStack() as restore, atomic_directory(path) as tmp:
+        if hf_logging.is_progress_bar_enabled():  # off while saving (a training log shows one line per epoch, not a
+            hf_logging.disable_progress_bar()  # bar per save_pretrained), then on again for the caller's downloads
+            restore.callback(hf_logging.enable_progress_bar)
+        sha256s = lambda: {f.relative_to(tmp).as_posix(): file_sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        steps = [
+            ("model.safetensors", lambda: model.save_pretrained(tmp)),
+            ("tokenizer files", lambda: tokenizer.save_pretrained(tmp)),
+            (CONFIG_FILE, lambda: (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))),
+            *([(STATE_FILE, lambda: torch.save(state, tmp / STATE_FILE))] if state is not None else []),
+            (MANIFEST_FILE, lambda: (tmp / MANIFEST_FILE).write_text(json.dumps({"files": sha256s()}, indent=1))),
+        ]
+        for name, write in steps:
+            try:
+                write()
+            except (OSError, RuntimeError, SafetensorError) as e:  # safetensors' error (a full disk) is neither
+                raise CheckpointWriteError(describe_write_error(Path(path) / name, e)) from e
+    return Path(path)
 
 # %% ../nbs/15_checkpoints.ipynb #c0f0dfa1
 @dataclasses.dataclass

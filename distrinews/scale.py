@@ -22,6 +22,15 @@ from urllib.parse import urlsplit
 from .model import RunConfig, config_from_args, config_parser, pick_device
 from .train import per_rank_batch_size
 
+# %% ../nbs/11_scale_out.ipynb #f8a53bd3
+def _portable(cfg: RunConfig) -> dict:
+    "`cfg` as a dict with absolute paths: Ray workers run in folders (and maybe on machines) of their own."
+    from distrinews.data import find_data_dir
+
+    data_dir = find_data_dir(cfg.data_dir)
+    absolute = dict(data_dir=data_dir and str(data_dir.resolve()), output_dir=str(Path(cfg.output_dir).resolve()))
+    return dataclasses.asdict(dataclasses.replace(cfg, **absolute))
+
 # %% ../nbs/11_scale_out.ipynb #3118b405
 def start_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool = True) -> dict:
     "Join a Ray cluster (`address`: 'auto' or 'HOST:6379') or start a local one; returns the cluster's resources."
@@ -44,7 +53,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, quiet: bo
         ray.init(address=address, **options)
     return ray.cluster_resources()
 
-# %% ../nbs/11_scale_out.ipynb #050ec9f4
+# %% ../nbs/11_scale_out.ipynb #721b8ddd
 def ray_train_loop(config: dict):
     "Each Ray Train worker: `train` of 04's `train_ddp.py` in Ray's process group, resumed from Ray's last checkpoint."
     import ray.train.torch
@@ -68,16 +77,7 @@ def ray_train_loop(config: dict):
     fail_at_step = config["fail_at_step"] if restored is None else None  # the crash demo: on the first attempt only
     train_ddp.train(cfg, ray.train.torch.get_device(), resume="auto", fail_at_step=fail_at_step, on_epoch_end=report)
 
-# %% ../nbs/11_scale_out.ipynb #f8a53bd3
-def _portable(cfg: RunConfig) -> dict:
-    "`cfg` as a dict with absolute paths: Ray workers run in folders (and maybe on machines) of their own."
-    from distrinews.data import find_data_dir
 
-    data_dir = find_data_dir(cfg.data_dir)
-    absolute = dict(data_dir=data_dir and str(data_dir.resolve()), output_dir=str(Path(cfg.output_dir).resolve()))
-    return dataclasses.asdict(dataclasses.replace(cfg, **absolute))
-
-# %% ../nbs/11_scale_out.ipynb #721b8ddd
 def train_with_ray(cfg: RunConfig, num_workers=2, max_failures=0, storage_path=None, fail_at_step=None):
     """Train `cfg` with DDP on `num_workers` Ray workers (one GPU each where the cluster has GPUs); Ray replaces failed
     workers up to `max_failures` times, resuming from the last reported checkpoint. Returns Ray's `Result`."""

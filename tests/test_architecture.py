@@ -189,13 +189,7 @@ def untested_export_cells(notebook: Path) -> list[str]:
 
 
 # Export cells with no test under them, notebook by notebook: none on the main path; elsewhere ceilings that go down
-UNTESTED_CEILING = {
-    "11_scale_out": 3,
-    "14_spawn_workers": 6,
-    "15_checkpoints": 5,
-    "16_server_defences": 5,
-    "17_tracking": 1,
-}
+UNTESTED_CEILING = {"11_scale_out": 1}  # `objective` trains a model: its test is tests/test_scale.py
 
 
 @pytest.mark.parametrize("notebook", sorted((ROOT / "nbs").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)

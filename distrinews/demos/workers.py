@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from ..ddp import free_port, gloo_platform_env
 
 # %% auto #0
-__all__ = ['RankResult', 'shutdown_workers', 'spawn_workers', 'show_outputs']
+__all__ = ['RankResult', 'show_outputs', 'shutdown_workers', 'spawn_workers']
 
 # %% ../../nbs/14_spawn_workers.ipynb #72eea5119410473aa328ad9291626812
 @dataclass
@@ -39,6 +39,13 @@ class RankResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+def show_outputs(results: list[RankResult]):
+    "Print what each rank printed, every line prefixed by its rank."
+    for res in results:
+        for line in res.output.splitlines():
+            print(f"[rank {res.rank}] {line}")
 
 # %% ../../nbs/14_spawn_workers.ipynb #8edb47106e1a46a883d545849b8ab81b
 def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
@@ -96,7 +103,7 @@ def _worker_loop(rank: int, world_size: int, conn):
         except Exception as e:
             conn.send((None, f"the result could not be sent back: {type(e).__name__}: {e}"))
 
-# %% ../../nbs/14_spawn_workers.ipynb #8763a12b2bbd4a93a75aff182afb95dc
+# %% ../../nbs/14_spawn_workers.ipynb #7623eae2785240b9bd12b16a66d81610
 class _Workers:
     "`world_size` live worker processes and a pipe to each."
 
@@ -183,10 +190,3 @@ def spawn_workers(
     if check and not all(res.ok for res in results):
         raise RuntimeError("\n".join(f"rank {res.rank}: {res.error}" for res in results if not res.ok))
     return results
-
-# %% ../../nbs/14_spawn_workers.ipynb #b118ea5561624da68c537baed56e602f
-def show_outputs(results: list[RankResult]):
-    "Print what each rank printed, every line prefixed by its rank."
-    for res in results:
-        for line in res.output.splitlines():
-            print(f"[rank {res.rank}] {line}")
