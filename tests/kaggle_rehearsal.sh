@@ -74,7 +74,16 @@ run_one() {  # notebook $1 in environment $2, alone in its own working folder; a
   [ "$name" = 07_benchmarks ] && extra=(-p profile smoke)
   if ! (cd "$work" && session "$venv" "$venv/bin/python" -m papermill --no-progress-bar --log-level WARNING \
     --cwd "$work" -p profile kaggle "${extra[@]}" "$tmp/nb/$name.ipynb" "$tmp/out/$name.ipynb"); then
-    echo "$name" >>"$tmp/failed"; echo "$name (kaggle rehearsal): FAILED after $((SECONDS - start)) s"; return
+    echo "$name" >>"$tmp/failed"; echo "$name (kaggle rehearsal): FAILED after $((SECONDS - start)) s"
+    # papermill's error names the cell; what the cell printed (a torchrun job's own error) is in the executed copy
+    $BIN/python - "$tmp/out/$name.ipynb" <<'PY' || true
+import json, sys
+for c in json.load(open(sys.argv[1]))["cells"]:
+    if c.get("metadata", {}).get("papermill", {}).get("exception"):
+        text = "".join("".join(o.get("text", "")) for o in c.get("outputs", []))
+        print("what the failing cell printed, last lines:", *text.splitlines()[-40:], sep="\n  ")
+PY
+    return
   fi
   # this clone's path in an output means the notebook found the clone, except under .venv/: the environment's
   # packages are linked from there (Kaggle's would be under /opt/conda), and some libraries log their real paths

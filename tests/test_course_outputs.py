@@ -221,3 +221,11 @@ def test_notebook_references_in_prose_exist():
                 if number not in titles:
                     missing.append(f"{name}: {m.group(0)!r}")
     assert not missing, missing
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_cell_ids_are_unique(path):
+    "nbformat renames an id used twice when it loads the notebook (papermill warns): every cell keeps one of its own."
+    ids = [c["id"] for c in load(path)["cells"]]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    assert not twice, f"{path.name}: cell ids used twice: {twice}"

@@ -103,7 +103,7 @@ def _worker_loop(rank: int, world_size: int, conn):
         except Exception as e:
             conn.send((None, f"the result could not be sent back: {type(e).__name__}: {e}"))
 
-# %% ../../nbs/14_spawn_workers.ipynb #7623eae2785240b9bd12b16a66d81610
+# %% ../../nbs/14_spawn_workers.ipynb #8763a12b2bbd4a93a75aff182afb95dc
 class _Workers:
     "`world_size` live worker processes and a pipe to each."
 
