@@ -201,12 +201,12 @@ def test_each_export_cell_has_its_test_under_it(notebook):
         assert len(untested) == ceiling, f"{notebook.name} has {len(untested)} now: lower its UNTESTED_CEILING"
 
 
-def test_untested_export_cells_are_found():
+def test_untested_export_cells_are_found(tmp_path):
     "The check above can fail: two export cells in a row, the first untested; a hidden import cell is not a test."
     cell = lambda source: {"cell_type": "code", "source": source}  # noqa: E731
     nb = {"cells": [cell("#|export\nimport os\nlog = logging.getLogger('x')"), cell("#|export\nA = 1"),
                     cell("#|export\ndef f(): pass"), cell("#|hide\nimport json"), cell("assert f() is None"),
                     cell("#|export\ndef g(): pass"), cell("#|hide\nimport json")]}  # fmt: skip
-    path = Path(__import__("tempfile").mkdtemp()) / "nb.ipynb"
+    path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(nb))
     assert untested_export_cells(path) == ["A = 1", "def g(): pass"]
