@@ -25,6 +25,24 @@ ORIGINAL_2XT4 = dict(
 )
 
 
+def save(result: dict, out: str | Path) -> dict:
+    """Write a benchmark script's `result` to the JSON file `out`, with the machine (unless `result` names one) and the
+    date: the format `load` reads back (07 writes the same from its own cells)."""
+    import datetime
+    import os
+    import platform
+
+    import torch  # (only here: rendering the report needs no torch)
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    cpu = dict(cpu=platform.processor() or platform.machine(), cores=os.cpu_count(), torch=torch.__version__)
+    result.setdefault("machine", dict(cpu, capability=torch.backends.cpu.get_cpu_capability(), gpu=gpu))
+    result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def load(results: Path) -> dict:
     """Every result file, by name (without .json). DDP runs whose gradients a shared-memory hook averaged
     (`grad_sync: shm`, a lesson that has left the course) stay in the JSON as measured, but are not shown."""

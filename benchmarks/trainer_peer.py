@@ -26,15 +26,15 @@ import argparse
 import json
 import math
 import os
-import platform
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
+
+import report  # benchmarks/report.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,11 +188,7 @@ def main(argv=None):
                   flags=shlex.join(flags), runs=runs, summary=summary, ratio_script_over_trainer=round(ratio, 3),
                   accuracy_gap=round(accuracy_gap, 4), accuracy_seed_spread=round(seed_spread, 4),
                   accuracy_gap_within_spread=within, other_sides_over_script=others, gpu=gpu)  # fmt: skip
-    cpu = dict(cpu=platform.processor() or platform.machine(), cores=os.cpu_count(), torch=torch.__version__)
-    result["machine"] = dict(cpu, capability=torch.backends.cpu.get_cpu_capability(), gpu=gpu)
-    result["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    report.save(result, a.out)  # with the machine and the date
 
 
 if __name__ == "__main__":

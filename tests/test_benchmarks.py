@@ -218,3 +218,12 @@ def test_07_committed_outputs_show_the_committed_results():
     # a chart each: the trainer, the two DDP tables, accuracy, serving
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 5
     assert "the committed figures come from" not in text and text.count("](") == 0, "a section is empty or cut short"
+
+
+def test_a_saved_result_names_its_machine_and_date_and_loads_back(tmp_path):
+    "`report.save`, what benchmarks/trainer_peer.py writes with: the machine and the date added, a given machine kept."
+    saved = report.save({"benchmark": "x"}, tmp_path / "sub" / "x.json")
+    assert {"cpu", "cores", "torch", "capability", "gpu"} <= set(saved["machine"]) and saved["date"][:4] >= "2026"
+    report.save({"benchmark": "y", "machine": "a lent H100"}, tmp_path / "sub" / "y.json")
+    loaded = report.load(tmp_path / "sub")
+    assert loaded["x"] == saved and loaded["y"]["machine"] == "a lent H100"
