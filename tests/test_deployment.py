@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, SPORTS_HEADLINE, http_json, running_server
-
-from distrinews.serve import stage_space
+from conftest import ROOT, SPORTS_HEADLINE, http_json, load_script, running_server
 
 DEPLOY = ROOT / "deployment"
+stage_space = load_script(DEPLOY / "stage_space.py").stage_space  # what notebook 06 writes
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 CACHE = Path(os.environ.get("DISTRINEWS_CACHE") or ROOT / ".cache")
 APP_DIR = "/home/user/app"  # the image's WORKDIR
@@ -115,6 +114,7 @@ def test_committed_files_are_what_notebook_06_writes():
         "deployment/Dockerfile",
         "deployment/requirements.txt",
         "deployment/README.md",
+        "deployment/stage_space.py",
         "distrinews/static/index.html",
     }
     for path, text in files.items():
