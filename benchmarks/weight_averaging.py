@@ -1,7 +1,8 @@
 r"""Does averaging the weights help the `cpu` profile? Live weights and several averages, side by side in ONE run.
 
 Weight averaging changes nothing in training: the optimizer steps the live weights exactly as before, and each average
-is a second copy updated after every step (torch's own `torch.optim.swa_utils.AveragedModel`). So one run measures the
+is a second copy updated after every step (by a hook torch calls after every optimizer step, with the update rules of
+`torch.optim.swa_utils`; the training script itself is not changed). So one run measures the
 live model and every average on the same trajectory, the same held-out rows and the same batches: the differences are
 paired, not two noisy runs against each other.
 
@@ -43,15 +44,14 @@ def main(argv=None):
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "weight_averaging_cpu.json")
     args = p.parse_args(argv)
-    from unittest import mock
+    import copy
 
     import torch
-    from torch.optim.swa_utils import AveragedModel
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from distrinews.model import get_config, load_tokenizer, pick_device, pick_precision
     from distrinews.scale import SEARCHED  # what the study searches (no Ray or Optuna needed to import it)
     from distrinews.scripts import train_single  # notebook 03's script: the run is that script's `train`
-    from distrinews.train import make_weight_average
 
     cfg = get_config(
         args.profile,
@@ -64,23 +64,30 @@ def main(argv=None):
     precision = pick_precision(cfg.precision, device)
     # the rows the script evaluates on (the same loader it builds), here to compare predictions row by row
     _, validation_dl, _ = train_single.make_loaders(cfg, load_tokenizer(cfg.model_name), device, precision, 0, 1)
-    averages = {}  # made from the live model at its first optimizer step
+    averages = {}  # name -> [its copy of every trained tensor, the steps it has averaged], from the first step on
+    index = {}  # id of a trained tensor -> its place in the averages' lists (the optimizer's order)
     seconds_averaging = [0.0]
     epochs = []
-    optimizer_step = train_single.optimizer_step  # the script's own: clip, step, schedule, zero the gradients
 
-    def step_and_average(optimizer, scaler, scheduler, model, max_grad_norm):
-        "The script's optimizer step, then every average updated from the live weights."
-        stepped = optimizer_step(optimizer, scaler, scheduler, model, max_grad_norm)
-        started = time.perf_counter()
+    @torch.no_grad()
+    def average(optimizer, *_):
+        "After each optimizer step (torch's global hook: the script is not touched), every average takes the weights."
+        started, live = time.perf_counter(), [p for group in optimizer.param_groups for p in group["params"]]
         if not averages:
-            averages.update({f"ema {d}": make_weight_average(model, d) for d in args.decays})  # what `ema_decay` keeps
-            averages["mean of the last epoch"] = AveragedModel(model)  # SWA's equal-weight mean, from its first step
+            index.update({id(p): i for i, p in enumerate(live)})
+            averages.update({f"ema {d}": [None, 0] for d in args.decays})
+            averages["mean of the last epoch"] = [None, 0]  # SWA's equal-weight mean
         for name, avg in averages.items():
-            if name.startswith("ema") or len(epochs) == cfg.epochs - 1:  # `epochs` has a row per finished epoch
-                avg.update_parameters(model)
+            if not name.startswith("ema") and len(epochs) < cfg.epochs - 1:  # `epochs` has a row per finished epoch
+                continue
+            if avg[0] is None:  # an average starts as a copy of the weights
+                avg[0] = [p.detach().clone() for p in live]
+            else:  # ema: avg += (1 - decay) (p - avg), torch's `get_ema_multi_avg_fn`; the mean: (p - avg) / (n + 1)
+                weight = 1 - float(name.split()[1]) if name.startswith("ema") else 1 / (avg[1] + 1)
+                for a, p in zip(avg[0], live):
+                    a.lerp_(p, weight)
+            avg[1] += 1
         seconds_averaging[0] += time.perf_counter() - started
-        return stepped
 
     @torch.inference_mode()
     def predictions(model):
@@ -95,10 +102,15 @@ def main(argv=None):
     def compare(metrics, live):
         live_pred, labels = predictions(live)
         row = dict(epoch=metrics["epoch"], step=metrics["step"], live=(live_pred == labels).sum().item() / len(labels))
-        for name, avg in averages.items():
-            if avg.n_averaged.item() == 0:
+        for name, (tensors, steps) in averages.items():
+            if not steps:
                 continue
-            pred, _ = predictions(avg.module)
+            averaged = copy.deepcopy(live)  # the live model with the average's values in its trained tensors
+            with torch.no_grad():
+                for p, q in zip(live.parameters(), averaged.parameters()):
+                    if id(p) in index:
+                        q.copy_(tensors[index[id(p)]])
+            pred, _ = predictions(averaged)
             row[name] = (pred == labels).sum().item() / len(labels)
             # paired: rows only the average gets right vs rows only the live weights get right
             row[f"{name} wins/losses"] = [
@@ -109,9 +121,11 @@ def main(argv=None):
         print(" | ".join(f"{k} {v:.2%}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
 
     started = time.perf_counter()
-    # the script has no per-step callback: its optimizer step is wrapped for this run, the loop itself is unchanged
-    with mock.patch.object(train_single, "optimizer_step", step_and_average):
+    hook = register_optimizer_step_post_hook(average)
+    try:
         run = train_single.train(cfg, device, resume="no", on_epoch_end=compare)
+    finally:
+        hook.remove()
     result = dict(
         profile=cfg.profile,
         model=cfg.model_name,

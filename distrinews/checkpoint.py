@@ -194,12 +194,18 @@ RESUMABLE_CHANGES = set(
 
 # %% ../nbs/15_checkpoints.ipynb #f627008a
 def check_resumable(saved: dict, cfg: RunConfig):
-    "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path."
-    then = (
-        dataclasses.asdict(RunConfig()) | saved
-    )  # a field newer than the checkpoint had its default when it was saved
+    """Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path,
+    or sets one this version no longer has (such as `ema_decay`, removed)."""
+    defaults = dataclasses.asdict(RunConfig())
+    then = defaults | saved  # a field newer than the checkpoint had its default when it was saved
     now = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
-    if diff := [f"{k}: checkpoint {then[k]!r} vs now {v!r}" for k, v in now.items() if then[k] != v]:
+    diff = [f"{k}: checkpoint {then[k]!r} vs now {v!r}" for k, v in now.items() if then[k] != v]
+    diff += [
+        f"{k}: checkpoint {v!r}, a setting this version does not have"
+        for k, v in saved.items()
+        if v and k not in defaults
+    ]
+    if diff:
         raise CheckpointError(
             f"The checkpoint was written by a different run configuration: {'; '.join(diff)}. Resume with the same "
             "settings, or start over with --fresh (or another --output-dir)."
@@ -257,18 +263,16 @@ def set_rng_state(state: dict):
     torch.cuda.set_rng_state_all(state.get("cuda", []))
 
 # %% ../nbs/15_checkpoints.ipynb #40de8cd4
-def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list[dict], model, ema=None) -> dict:
+def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list[dict]) -> dict:
     """Everything besides the weights that a resumed run needs to go on exactly (`rng_states`: one per process, in rank
-    order). With a weight average, the folder holds the average (what a server loads) and this the trained weights."""
+    order)."""
     state = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), scaler=scaler.state_dict())
     state.update(rng=rng_states, world_size=len(rng_states), **dataclasses.asdict(run))
-    if ema is not None:
-        state.update(live_weights=model.state_dict(), averaged_steps=int(ema.n_averaged))
     return state
 
 
-def resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, model, ema=None, log=print):
-    """Load a checkpoint's training state into the optimizer, schedule and scaler (and weight average), restore this
+def resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, log=print):
+    """Load a checkpoint's training state into the optimizer, schedule and scaler, restore this
     rank's random streams, and return where the run was. A fresh `RunState` when `checkpoint` is None."""
     if checkpoint is None:
         return RunState()
@@ -286,9 +290,6 @@ def resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler,
             f"train some rows twice and others never. Resume with {saved_world} (torchrun --nproc_per_node="
             f"{saved_world}), or start over with --fresh."
         )
-    if ema is not None:  # the model was built from the folder, i.e. the average; the live weights are here
-        model.load_state_dict(state["live_weights"])
-        ema.n_averaged.fill_(state["averaged_steps"])
     set_rng_state(rngs[rank] if len(rngs) == world_size else rngs[0])
     if run.epoch < cfg.epochs:
         log(f"resumed from {checkpoint}: epoch {run.epoch + 1}, step {run.step}")

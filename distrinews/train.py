@@ -31,10 +31,10 @@ from distrinews.model import (
 )  # fmt: skip
 
 # %% auto #0
-__all__ = ['make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'make_weight_average', 'NonFiniteError',
-           'check_finite_weights', 'restarted', 'prepare_run', 'load_model', 'autocast', 'optimizer_step',
-           'check_finite_loss', 'evaluate_counts', 'metrics_from_counts', 'epoch_metrics', 'simulate_failure',
-           'per_rank_batch_size', 'training_parser', 'check_config', 'clear_errors']
+__all__ = ['make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'NonFiniteError', 'check_finite_weights', 'restarted',
+           'prepare_run', 'load_model', 'autocast', 'optimizer_step', 'check_finite_loss', 'evaluate_counts',
+           'metrics_from_counts', 'epoch_metrics', 'simulate_failure', 'per_rank_batch_size', 'training_parser',
+           'check_config', 'clear_errors']
 
 # %% ../nbs/03_single_gpu.ipynb #df4fd1c9
 def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float = 1.0) -> torch.optim.AdamW:
@@ -70,17 +70,6 @@ def scaled_optimizer_step(optimizer, scaler: torch.amp.GradScaler, parameters, m
     scaler.step(optimizer)
     scaler.update()
     return norm
-
-# %% ../nbs/03_single_gpu.ipynb #7ea3200c
-def make_weight_average(model, decay: float):
-    """An exponential moving average of `model`'s parameters (torch's `AveragedModel`): `update_parameters(model)` after
-    each optimizer step; its `.module` is the averaged model. None when `decay` is 0. Buffers are not averaged: an
-    encoder's are constants (position ids), and a weighted mean of integers would round them."""
-    if not decay:
-        return None
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
-    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
 
 # %% ../nbs/03_single_gpu.ipynb #b27a0002
 class NonFiniteError(RuntimeError):

@@ -30,7 +30,7 @@ from distrinews.model import config_from_args, make_grad_scaler, pick_device, pi
 from distrinews.tracking import Tracker, peak_flops, training_flops
 from distrinews.train import (
     autocast, check_config, check_finite_loss, check_finite_weights, clear_errors, epoch_metrics,
-    evaluate_counts, load_model, make_optimizer, make_scheduler, make_weight_average, metrics_from_counts,
+    evaluate_counts, load_model, make_optimizer, make_scheduler, metrics_from_counts,
     optimizer_step, per_rank_batch_size, prepare_run, simulate_failure, training_parser,
 )  # fmt: skip
 from distrinews.checkpoint import checkpoint_dir, resume_from, rng_state, save_checkpoint, training_state, write_metrics
@@ -71,18 +71,16 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
     if master_process:
         dist.barrier()  # everything is cached now: the other ranks read it, none of them races on the hub
 
-    ema = make_weight_average(model, cfg.ema_decay)  # None unless --ema-decay: a moving average of the weights
     # a replica on every rank; backward() averages the gradients over the ranks, bucket by bucket, as it goes
     # gradient_as_bucket_view: the gradients live in DDP's communication buckets, one copy less per step
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
     register_comm_hook(model, cfg.comm_hook)  # --comm-hook fp16/bf16/powersgd compresses the gradients in flight
     raw_model = model.module  # the model inside the wrapper: what the optimizer steps and the checkpoint holds
-    shipped = raw_model if ema is None else ema.module  # what we evaluate and serve
     optimizer = make_optimizer(raw_model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
     total_steps = math.ceil(len(train_dl) / cfg.grad_accum) * cfg.epochs
     scheduler = make_scheduler(optimizer, total_steps, int(cfg.warmup_ratio * total_steps))
     scaler = make_grad_scaler(precision, device)  # fp16 only: scales the loss so that small gradients survive
-    run = resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, raw_model, ema, log)
+    run = resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, log)
     tracker = Tracker(cfg, report_to, run.step, rank)  # --report-to: TensorBoard or W&B, from rank 0 only
     steps_to_log = []  # (step, loss, lr, gradient norm), the tensors still on the device until they are read
     profiler = step_profiler(cfg, profile_steps, rank)  # --profile-steps N: a timeline of N steps, a trace per rank
@@ -101,12 +99,12 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
 
     def save_snapshot():
         "A resumable checkpoint: weights, optimizer, schedule, the place in the data and the random streams."
-        check_finite_weights(shipped, run.step)  # a diverged run must not overwrite the last good checkpoint
+        check_finite_weights(raw_model, run.step)  # a diverged run must not overwrite the last good checkpoint
         rng_states = [None] * world_size
         dist.all_gather_object(rng_states, rng_state())  # every rank's random stream: its dropout masks are its own
         if master_process:
-            state = training_state(run, optimizer, scheduler, scaler, rng_states, raw_model, ema)
-            save_checkpoint(checkpoint_dir(cfg), shipped, tokenizer, cfg, state)
+            state = training_state(run, optimizer, scheduler, scaler, rng_states)
+            save_checkpoint(checkpoint_dir(cfg), raw_model, tokenizer, cfg, state)
         dist.barrier()  # no rank goes on (or reads the checkpoint) before it is complete
 
     log(f"{world_size} process(es) x batch {cfg.batch_size} x {cfg.grad_accum} accumulation, {device}, {precision}, "
@@ -135,8 +133,6 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
             if last_micro_batch:
                 lr = scheduler.get_last_lr()[0]  # this step's learning rate (optimizer_step moves the schedule on)
                 grad_norm = optimizer_step(optimizer, scaler, scheduler, raw_model, cfg.max_grad_norm)  # clip, step
-                if ema is not None:
-                    ema.update_parameters(raw_model)
                 run.step += 1
                 steps_to_log.append((run.step, loss.detach().float(), lr, grad_norm))
                 saving = cfg.save_every and run.step % cfg.save_every == 0
@@ -153,10 +149,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
         run.epoch, run.batches_done = epoch + 1, 0
         metrics = dict(epoch=run.epoch, step=run.step, **epoch_metrics(totals, seconds))
         metrics["mfu"] = row_flops * metrics["train_samples_per_s"] / (world_size * peak)  # model-FLOPs utilisation
-        metrics.update(evaluate(shipped, test_dl, device, precision))
-        if ema is not None:  # the live weights beside their average, on the same run
-            live = evaluate(raw_model, test_dl, device, precision)
-            metrics.update(live_accuracy=live["accuracy"], live_eval_loss=live["eval_loss"])
+        metrics.update(evaluate(raw_model, test_dl, device, precision))
         run.history.append(metrics)
         tracker.log_epoch(metrics)  # logged before the checkpoint: a crash in between logs it again, after a purge
         save_snapshot()

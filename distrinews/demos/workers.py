@@ -40,7 +40,7 @@ class RankResult:
     def ok(self) -> bool:
         return self.error is None
 
-
+# %% ../../nbs/14_spawn_workers.ipynb #d26ad9688ecc40c78d5eb4ce821ae2e2
 def show_outputs(results: list[RankResult]):
     "Print what each rank printed, every line prefixed by its rank."
     for res in results:
