@@ -22,11 +22,11 @@ from transformers.utils import logging as hf_logging
 from .model import RunConfig
 
 # %% auto #0
-__all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'fsync', 'atomic_directory',
-           'CheckpointError', 'file_sha256', 'verify_checkpoint', 'find_checkpoint', 'clean_checkpoint_leftovers',
-           'CheckpointWriteError', 'describe_write_error', 'check_writable', 'load_training_state', 'check_resumable',
-           'save_checkpoint', 'RunState', 'checkpoint_dir', 'rng_state', 'set_rng_state', 'training_state',
-           'resume_from', 'write_metrics']
+__all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'REMOVED', 'fsync',
+           'atomic_directory', 'CheckpointError', 'file_sha256', 'verify_checkpoint', 'find_checkpoint',
+           'clean_checkpoint_leftovers', 'CheckpointWriteError', 'describe_write_error', 'check_writable',
+           'load_training_state', 'check_resumable', 'save_checkpoint', 'RunState', 'checkpoint_dir', 'rng_state',
+           'set_rng_state', 'training_state', 'resume_from', 'write_metrics']
 
 # %% ../nbs/15_checkpoints.ipynb #d56c90c8
 def fsync(*paths: Path):
@@ -193,19 +193,14 @@ RESUMABLE_CHANGES = set(
 )
 
 # %% ../nbs/15_checkpoints.ipynb #f627008a
+REMOVED = dict(ema_decay=0.0, pooling="cls")  # settings of older versions: this one trains as they did with these
+
+
 def check_resumable(saved: dict, cfg: RunConfig):
-    """Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path,
-    or sets one this version no longer has (such as `ema_decay`, removed)."""
-    defaults = dataclasses.asdict(RunConfig())
-    then = defaults | saved  # a field newer than the checkpoint had its default when it was saved
-    now = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
-    diff = [f"{k}: checkpoint {then[k]!r} vs now {v!r}" for k, v in now.items() if then[k] != v]
-    diff += [
-        f"{k}: checkpoint {v!r}, a setting this version does not have"
-        for k, v in saved.items()
-        if v and k not in defaults
-    ]
-    if diff:
+    "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path."
+    then = dataclasses.asdict(RunConfig()) | REMOVED | saved  # a field newer than the checkpoint had its default then
+    now = {k: v for k, v in (dataclasses.asdict(cfg) | REMOVED).items() if k not in RESUMABLE_CHANGES}
+    if diff := [f"{k}: checkpoint {then[k]!r} vs now {v!r}" for k, v in now.items() if then[k] != v]:
         raise CheckpointError(
             f"The checkpoint was written by a different run configuration: {'; '.join(diff)}. Resume with the same "
             "settings, or start over with --fresh (or another --output-dir)."
@@ -308,7 +303,6 @@ def write_metrics(cfg: RunConfig, run: RunState) -> str:
     line = (
         f"epoch {m['epoch']}: train loss {m['train_loss']:.4f} | eval loss {m['eval_loss']:.4f} | accuracy "
         f"{m['accuracy']:.2%} on {m['eval_count']}"
-        + (f" (live weights {m['live_accuracy']:.2%})" if "live_accuracy" in m else "")
         + f" | {m['train_samples_per_s']:.1f} samples/s"
         + (f" | MFU {m['mfu']:.1%}" if "mfu" in m else "")
     )

@@ -101,6 +101,10 @@ def _refuse_mismatch(model, info: dict, path: Path):
             f"{path}/config.json labels its {config.num_labels} outputs {labels}, not {LABELS}: it is not an AG News "
             "classifier of this course. Serve a checkpoint that train_single.py or train_ddp.py (notebook 03/04) wrote."
         )
+    if getattr(config, "distrinews_pooling", "cls") != "cls":  # mean pooling, an option the course has since dropped
+        raise InvalidCheckpointError(
+            f"{path} was trained on the mean of its tokens, which this version does not serve."
+        )
     few = lambda names: ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
     found = {  # what transformers' loader reported (output_loading_info=True), in the model's order
         f" of its {len(state)} tensors are missing": [k for k in state if k in info["missing_keys"]],

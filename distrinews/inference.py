@@ -24,7 +24,7 @@ from distrinews.convert import (  # notebook 13's checks, demo checkpoint and `p
     pick_checkpoint,  # noqa: F401
     weights_digest,  # noqa: F401
 )
-from .model import native_bf16, pick_device, predict, use_pooling
+from .model import native_bf16, pick_device, predict
 
 # %% auto #0
 __all__ = ['PROBE_TEXTS', 'Classifier', 'choose_dtype', 'load_classifier', 'QueueFullError', 'MicroBatcher']
@@ -109,7 +109,6 @@ def load_classifier(
     "A `Classifier` from a checkpoint folder: checked and built strictly in memory (notebook 13), the precision chosen."
     device, path = pick_device(device), check_checkpoint_dir(path)
     model, tokenizer, version = load_strict(path)
-    use_pooling(model)  # the head reads what it was trained on (config.distrinews_pooling)
     run = _read_json(path / "run_config.json")
     max_length = max_length or int(run.get("max_length") or min(tokenizer.model_max_length, 512))
     base = str(run.get("model_name") or "").rstrip("/").split("/")[-1]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Literal
@@ -20,8 +19,8 @@ from pydantic.dataclasses import dataclass
 __all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBERT', 'PROFILES', 'AUTOCAST_DTYPES', 'RunConfig',
            'running_on', 'pick_profile', 'env_overrides', 'get_config', 'run_folder', 'environment_banner',
            'config_parser', 'config_from_args', 'pick_device', 'native_bf16', 'pick_precision', 'make_grad_scaler',
-           'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline', 'resolve_model_source', 'use_pooling',
-           'load_tokenizer', 'build_classifier', 'predict']
+           'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline', 'resolve_model_source', 'load_tokenizer',
+           'build_classifier', 'predict']
 
 # %% ../nbs/01_model.ipynb #28bacc3c
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -62,7 +61,6 @@ class RunConfig:
     save_every: Annotated[int, Field(ge=0)] = 0  # optimizer steps between resumable checkpoints (0: at epochs' ends)
     group_by_length: bool = True  # length-grouped batches: far less padding
     dropout: Annotated[float, Field(ge=0, lt=1)] | None = None  # every dropout probability (0.0 for exactness tests)
-    pooling: Literal["cls", "mean"] = "cls"  # what the head reads: the first token ([CLS]) or the mean of all tokens
     num_threads: Annotated[int, Field(ge=1)] | None = None  # torch CPU threads per process (None: torch's default)
     comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"  # DDP: none = plain all-reduce, or a hook
     log_every: Annotated[int, Field(ge=1)] = 10  # optimizer steps between reads of the loss (a GPU sync each)
@@ -76,7 +74,7 @@ PROFILES = {  # what each profile changes from RunConfig's defaults; get_config 
     "smoke": dict(train_size=512, test_size=256, max_length=64, batch_size=16, eval_batch_size=64, epochs=1),
     # 10,429 = the rows of the local train copy; from the hub the same budget is a stratified subset of the 120,000.
     # Not adopted, each because it won on the validation rows and then lost on the test rows (notebook 11): mean
-    # pooling, a moving average of the weights (so the scripts no longer keep one), and the search's best [CLS]
+    # pooling and a moving average of the weights (the scripts no longer offer either), and the search's best
     # settings (trial 6, which won two draws).
     "cpu": dict(train_size=10_429, epochs=3),
     "kaggle": dict(model_name="distilbert-base-uncased", data_source="hub", lr=5e-5, eval_batch_size=256),
@@ -270,43 +268,6 @@ def resolve_model_source(name: str | os.PathLike) -> str:
             )
     return name
 
-# %% ../nbs/01_model.ipynb #bb1e6d68
-def use_pooling(model, pooling: str | None = None):
-    """Make `model`'s head read `pooling`: 'cls' (the first token) or 'mean' (over the real tokens, not the padding).
-    None: the choice saved in `model.config.distrinews_pooling`, else 'cls'. Returns `model` (its config updated)."""
-    pooling = pooling or getattr(model.config, "distrinews_pooling", None) or "cls"
-    if pooling not in ("cls", "mean"):
-        raise ValueError(f"pooling={pooling!r} is not one of ('cls', 'mean').")
-    hooked = hasattr(model, "_mean_pooling_hooks")
-    if pooling == "cls" and hooked:
-        raise ValueError("This model already pools by mean; build a new one for pooling='cls'.")
-    model.config.distrinews_pooling = pooling  # saved in config.json with the checkpoint
-    if pooling == "cls" or hooked:
-        return model
-    base = model.base_model  # the encoder without the head: BertModel, DistilBertModel, ...
-    stack = next((getattr(base, n) for n in ("encoder", "transformer") if hasattr(base, n)), None)
-    if stack is None:
-        raise ValueError(f"pooling='mean' does not know where the layers of {type(base).__name__} end.")
-    mask = threading.local()  # one per thread: a server may run the same model in several threads at once
-
-    def remember_mask(module, args, kwargs):
-        mask.value = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-
-    def mean_into_first_token(module, args, output):
-        hidden, attention_mask = output[0], getattr(mask, "value", None)
-        mask.value = None  # used once: a later call of the encoder alone must not get a stale mask
-        weights = torch.ones(hidden.shape[:2], device=hidden.device) if attention_mask is None else attention_mask
-        weights = weights.to(hidden.dtype)[..., None]
-        mean = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
-        output.last_hidden_state = torch.cat([mean[:, None], hidden[:, 1:]], dim=1)  # the head reads position 0
-        return output
-
-    model._mean_pooling_hooks = (
-        model.register_forward_pre_hook(remember_mask, with_kwargs=True),
-        stack.register_forward_hook(mean_into_first_token),
-    )
-    return model
-
 # %% ../nbs/01_model.ipynb #445c5d16
 def load_tokenizer(name: str | os.PathLike):
     "The tokenizer that goes with `name` (any form `resolve_model_source` accepts)."
@@ -324,10 +285,8 @@ def build_classifier(
     num_labels: int = len(LABELS),
     seed: int | None = None,
     dropout: float | None = None,
-    pooling: str | None = None,
 ):
-    """A sequence classifier with `num_labels` outputs and AG News label names, from an encoder `name`; its head reads
-    `pooling` (see `use_pooling`; None: what a checkpoint was trained with, else 'cls')."""
+    "A sequence classifier with `num_labels` outputs and AG News label names, from an encoder `name`."
     from transformers import AutoConfig, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -348,10 +307,10 @@ def build_classifier(
                 if "dropout" in key and isinstance(value, float):
                     setattr(config, key, dropout)
         if blank:
-            return use_pooling(AutoModelForSequenceClassification.from_config(config), pooling)
+            return AutoModelForSequenceClassification.from_config(config)
         # float32 master weights whatever the file holds (transformers 5 would keep an fp16 file's dtype, and AdamW
         # on fp16 weights without loss scaling diverges): mixed precision comes from autocast, not from the weights
-        return use_pooling(AutoModelForSequenceClassification.from_pretrained(source, config=config).float(), pooling)
+        return AutoModelForSequenceClassification.from_pretrained(source, config=config).float()
     except OSError as e:
         raise ModelNotAvailableError(
             f"Could not load model {name!r} ({e}). Use a local folder or model_name={OFFLINE_ENCODER!r}."

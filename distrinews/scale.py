@@ -98,7 +98,7 @@ def train_with_ray(cfg: RunConfig, num_workers=2, max_failures=0, storage_path=N
     ).fit()
 
 # %% ../nbs/11_scale_out.ipynb #c3c76652
-SEARCHED = tuple("lr warmup_ratio batch_size weight_decay label_smoothing layer_lr_decay pooling epochs".split())
+SEARCHED = tuple("lr warmup_ratio batch_size weight_decay label_smoothing layer_lr_decay epochs".split())
 
 
 def suggest_settings(trial, max_epochs: int = 3) -> dict:
@@ -110,7 +110,6 @@ def suggest_settings(trial, max_epochs: int = 3) -> dict:
         weight_decay=trial.suggest_float("weight_decay", 0.0, 0.1),
         label_smoothing=trial.suggest_float("label_smoothing", 0.0, 0.2),
         layer_lr_decay=trial.suggest_float("layer_lr_decay", 0.6, 1.0),
-        pooling=trial.suggest_categorical("pooling", ["cls", "mean"]),
         epochs=trial.suggest_int("epochs", 1, max_epochs),
     )
 

@@ -127,7 +127,7 @@ def load_model(cfg: RunConfig, checkpoint: Path | None = None, device: str | tor
     "The tokenizer and the classifier on `device` (seeded): from `checkpoint` if resuming, else from `cfg.model_name`."
     set_seed(cfg.seed)  # transformers': Python's, NumPy's and torch's random generators
     source = checkpoint or cfg.model_name
-    model = build_classifier(source, seed=cfg.seed, dropout=cfg.dropout, pooling=cfg.pooling)
+    model = build_classifier(source, seed=cfg.seed, dropout=cfg.dropout)
     # eager attention on CPUs, where SDPA's backward pass is slow (notebook 03: "The attention kernel")
     model.set_attn_implementation("sdpa" if torch.device(device).type == "cuda" else "eager")
     return load_tokenizer(source), model.to(device)

@@ -56,7 +56,7 @@ TINY = [
     "1",
 ]
 # every searched setting is fixed, so the three GOOD trials (and the retry) train exactly the same thing; a setting
-# left out would be sampled per trial, and a retry that drew another pooling could be pruned against the others
+# left out would be sampled per trial, and a retry that drew another one could be pruned against the others
 GOOD = dict(
     lr=3e-4,
     warmup_ratio=0.0,
@@ -64,7 +64,6 @@ GOOD = dict(
     weight_decay=0.01,
     label_smoothing=0.0,
     layer_lr_decay=1.0,
-    pooling="cls",
     epochs=1,
 )
 POOR = dict(GOOD, lr=1e-7, epochs=2)  # learns nothing: chance-level accuracy after its first epoch
