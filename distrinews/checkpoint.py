@@ -19,14 +19,14 @@ import torch
 from safetensors import SafetensorError
 from transformers.utils import logging as hf_logging
 
-from .model import RunConfig
+from .model import REMOVED, RunConfig
 
 # %% auto #0
-__all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'REMOVED', 'fsync',
-           'atomic_directory', 'CheckpointError', 'file_sha256', 'verify_checkpoint', 'find_checkpoint',
-           'clean_checkpoint_leftovers', 'CheckpointWriteError', 'describe_write_error', 'check_writable',
-           'load_training_state', 'check_resumable', 'save_checkpoint', 'RunState', 'checkpoint_dir', 'rng_state',
-           'set_rng_state', 'training_state', 'resume_from', 'write_metrics']
+__all__ = ['STATE_FILE', 'CONFIG_FILE', 'MANIFEST_FILE', 'STATE_KEYS', 'RESUMABLE_CHANGES', 'fsync', 'atomic_directory',
+           'CheckpointError', 'file_sha256', 'verify_checkpoint', 'find_checkpoint', 'clean_checkpoint_leftovers',
+           'CheckpointWriteError', 'describe_write_error', 'check_writable', 'load_training_state', 'check_resumable',
+           'save_checkpoint', 'RunState', 'checkpoint_dir', 'rng_state', 'set_rng_state', 'training_state',
+           'resume_from', 'write_metrics']
 
 # %% ../nbs/15_checkpoints.ipynb #d56c90c8
 def fsync(*paths: Path):
@@ -193,9 +193,6 @@ RESUMABLE_CHANGES = set(
 )
 
 # %% ../nbs/15_checkpoints.ipynb #f627008a
-REMOVED = dict(ema_decay=0.0, pooling="cls")  # settings of older versions: this one trains as they did with these
-
-
 def check_resumable(saved: dict, cfg: RunConfig):
     "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path."
     then = dataclasses.asdict(RunConfig()) | REMOVED | saved  # a field newer than the checkpoint had its default then

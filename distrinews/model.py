@@ -16,8 +16,8 @@ from pydantic import Field, ValidationError
 from pydantic.dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBERT', 'PROFILES', 'AUTOCAST_DTYPES', 'RunConfig',
-           'running_on', 'pick_profile', 'env_overrides', 'get_config', 'run_folder', 'environment_banner',
+__all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBERT', 'PROFILES', 'REMOVED', 'AUTOCAST_DTYPES',
+           'RunConfig', 'running_on', 'pick_profile', 'env_overrides', 'get_config', 'run_folder', 'environment_banner',
            'config_parser', 'config_from_args', 'pick_device', 'native_bf16', 'pick_precision', 'make_grad_scaler',
            'ModelNotAvailableError', 'packaged_encoder_dir', 'hub_offline', 'resolve_model_source', 'load_tokenizer',
            'build_classifier', 'predict']
@@ -79,6 +79,7 @@ PROFILES = {  # what each profile changes from RunConfig's defaults; get_config 
     "cpu": dict(train_size=10_429, epochs=3),
     "kaggle": dict(model_name="distilbert-base-uncased", data_source="hub", lr=5e-5, eval_batch_size=256),
 }
+REMOVED = dict(ema_decay=0.0, pooling="cls")  # settings older versions had, as this one trains (CHANGELOG.md)
 
 # %% ../nbs/01_model.ipynb #3c1b976a
 def running_on() -> str:
@@ -107,6 +108,8 @@ def env_overrides() -> dict:
     """RunConfig fields set in the environment, one variable per field: DISTRINEWS_TRAIN_SIZE=2000,
     DISTRINEWS_MODEL_NAME=/kaggle/input/distilbert (DISTRINEWS_PROFILE and DISTRINEWS_DATA_DIR are read where used)."""
     names = {f"DISTRINEWS_{f.name.upper()}": f.name for f in fields(RunConfig) if f.name not in ("profile", "data_dir")}
+    if gone := [var for var in (f"DISTRINEWS_{k.upper()}" for k in REMOVED) if os.environ.get(var)]:
+        raise ValueError(f"{', '.join(gone)}: a setting this version no longer has (see CHANGELOG.md); unset it.")
     return {name: os.environ[var] for var, name in names.items() if os.environ.get(var)}
 
 
