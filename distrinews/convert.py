@@ -103,7 +103,8 @@ def _refuse_mismatch(model, info: dict, path: Path):
         )
     if getattr(config, "distrinews_pooling", "cls") != "cls":  # mean pooling, an option the course has since dropped
         raise InvalidCheckpointError(
-            f"{path} was trained on the mean of its tokens, which this version does not serve."
+            f"{path} was trained on the mean of its tokens (mean pooling), which this version does not serve: serve it "
+            "with the version that trained it, or train a new checkpoint (notebook 04)."
         )
     few = lambda names: ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
     found = {  # what transformers' loader reported (output_loading_info=True), in the model's order
