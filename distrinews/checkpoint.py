@@ -297,12 +297,9 @@ def write_metrics(cfg: RunConfig, run: RunState) -> str:
     fsync(tmp)
     os.replace(tmp, tmp.with_name("metrics.json"))  # atomic: a reader sees the last record or this one, never half
     m = run.history[-1]
-    line = (
-        f"epoch {m['epoch']}: train loss {m['train_loss']:.4f} | eval loss {m['eval_loss']:.4f} | accuracy "
-        f"{m['accuracy']:.2%} on {m['eval_count']}"
-        + f" | {m['train_samples_per_s']:.1f} samples/s"
-        + (f" | MFU {m['mfu']:.1%}" if "mfu" in m else "")
-    )
+    line = f"epoch {m['epoch']}: train loss {m['train_loss']:.4f} | eval loss {m['eval_loss']:.4f} | accuracy "
+    line += f"{m['accuracy']:.2%} on {m['eval_count']} | {m['train_samples_per_s']:.1f} samples/s"
+    line += f" | MFU {m['mfu']:.1%}" if "mfu" in m else ""
     if m["epoch"] == cfg.epochs:
         per_class = ", ".join(f"{k} {v:.1%}" for k, v in m["per_class_accuracy"].items())
         split = "Validation" if cfg.eval_split == "validation" else "Test"

@@ -77,10 +77,8 @@ def check_checkpoint_dir(path: str | os.PathLike) -> Path:
     elif "model_type" not in _read_json(path / "config.json"):
         why = "has a config.json that is not valid JSON or has no `model_type`: not a Hugging Face model config."
     elif not has("model.safetensors"):
-        why = f"has no model.safetensors (it holds {holds()}): the server loads safetensors only; a pytorch_model.bin,"
-        why += (
-            " a pickle file, is never opened. Re-save the model with `model.save_pretrained(dir)` where you trust it."
-        )
+        why = f"has no model.safetensors (it holds {holds()}): the server loads safetensors only, never a pickle"
+        why += " file such as pytorch_model.bin. Re-save it with `model.save_pretrained(dir)` where you trust it."
     elif not has("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
         why = "has model weights but no tokenizer files: save them beside it with `tokenizer.save_pretrained(dir)`."
     else:

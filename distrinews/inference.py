@@ -14,16 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from distrinews.convert import (  # notebook 13's checks, demo checkpoint and `pick_checkpoint` (also imported here)
-    InvalidCheckpointError,  # noqa: F401
-    NoCheckpointError,  # noqa: F401
-    _read_json,
-    check_checkpoint_dir,
-    load_strict,
-    make_demo_checkpoint,  # noqa: F401
-    pick_checkpoint,  # noqa: F401
-    weights_digest,  # noqa: F401
-)
+from .convert import _read_json, check_checkpoint_dir, load_strict  # notebook 13: checked, loaded strictly
 from .model import native_bf16, pick_device, predict
 
 # %% auto #0

@@ -283,21 +283,14 @@ def load_tokenizer(name: str | os.PathLike):
     return AutoTokenizer.from_pretrained(source)
 
 # %% ../nbs/01_model.ipynb #9871c417
-def build_classifier(
-    name: str | os.PathLike,
-    num_labels: int = len(LABELS),
-    seed: int | None = None,
-    dropout: float | None = None,
-):
-    "A sequence classifier with `num_labels` outputs and AG News label names, from an encoder `name`."
+def build_classifier(name: str | os.PathLike, seed: int | None = None, dropout: float | None = None):
+    "A sequence classifier with AG News' four labels, from an encoder `name` (a fresh head, seeded by `seed`)."
     from transformers import AutoConfig, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    if num_labels != len(LABELS):
-        raise ValueError(f"AG News has {len(LABELS)} labels, got num_labels={num_labels}.")
     if seed is not None:
         torch.manual_seed(seed)  # the new head's initial weights
-    labels = dict(num_labels=num_labels, id2label=ID2LABEL, label2id=LABEL2ID)
+    labels = dict(num_labels=len(LABELS), id2label=ID2LABEL, label2id=LABEL2ID)
     source = resolve_model_source(name)
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # "some weights are newly initialized": yes, the head; that is the point

@@ -27,7 +27,6 @@ from distrinews.checkpoint import (
 from .data import data_source
 from distrinews.model import (
     AUTOCAST_DTYPES, LABELS, RunConfig, build_classifier, config_parser, load_tokenizer, pick_precision,
-    pick_device,  # noqa: F401  (notebook 07 imports it from here)
 )  # fmt: skip
 
 # %% auto #0

@@ -110,7 +110,7 @@ def fit_head(checkpoint: Path, out: Path, n: int = 512, max_length: int = 64) ->
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     "An untrained demo checkpoint (the packaged MiniLM and a fresh head), 32 tokens. Tests that change it undo it."
-    from distrinews.inference import make_demo_checkpoint
+    from distrinews.convert import make_demo_checkpoint
 
     return make_demo_checkpoint(tmp_path_factory.mktemp("ckpt") / "demo", max_length=32)
 

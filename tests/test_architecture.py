@@ -146,7 +146,7 @@ def test_main_path_notebooks_keep_to_their_budget(name):
 
 
 # No module over 400 lines and the package (the generated index aside) on its way to 3,500: ceilings that only go down
-MODULE_BUDGET, MODULE_CEILING, PACKAGE_CEILING = 400, {}, 3_536
+MODULE_BUDGET, MODULE_CEILING, PACKAGE_CEILING = 400, {}, 3_514
 
 
 def test_modules_keep_to_their_budget():
