@@ -323,7 +323,5 @@ d = { 'settings': { 'branch': 'main',
                                   'distrinews.train.per_rank_batch_size': ('single_gpu.html#per_rank_batch_size', 'distrinews/train.py'),
                                   'distrinews.train.prepare_run': ('single_gpu.html#prepare_run', 'distrinews/train.py'),
                                   'distrinews.train.restarted': ('single_gpu.html#restarted', 'distrinews/train.py'),
-                                  'distrinews.train.scaled_optimizer_step': ( 'single_gpu.html#scaled_optimizer_step',
-                                                                              'distrinews/train.py'),
                                   'distrinews.train.simulate_failure': ('single_gpu.html#simulate_failure', 'distrinews/train.py'),
                                   'distrinews.train.training_parser': ('single_gpu.html#training_parser', 'distrinews/train.py')}}}

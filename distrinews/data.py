@@ -233,15 +233,9 @@ class PadBatch(DataCollatorWithPadding):
 
 # %% ../nbs/02_dataset.ipynb #7fb27b941602401d91542211134fc71a
 class LengthGroupedSampler(DistributedSampler):
-    """torch's `DistributedSampler` with one change: the rows of each optimizer step (every rank's batch of `batch_size`
-    at that step) have similar lengths, so batches padded to their longest row carry little padding.
-
-    What stays as in `DistributedSampler`: the same shuffle on every rank (seeded by `seed + epoch`, so call
-    `set_epoch` every epoch), padding with repeated rows to a multiple of `num_replicas`, and rank r taking every
-    `num_replicas`-th row from position r. What changes is the order the rows are dealt in: shuffled rows are taken in
-    chunks of `mega_batches` steps, sorted by length within each chunk, cut into steps of `batch_size x num_replicas`
-    rows, and the steps shuffled (a partial last step stays last). A step holds the same rows whatever the number of
-    ranks, so 2 ranks x batch b train on exactly what 1 process x batch 2b trains on."""
+    """torch's `DistributedSampler` with one change, the order the rows are dealt in (the section above): each step's
+    rows (every rank's batch at that step) have similar lengths, and a step holds the same rows whatever the number of
+    ranks. Call `set_epoch` every epoch, as with `DistributedSampler`; a partial last step stays last."""
 
     def __init__(self, dataset, batch_size: int, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False,
                  mega_batches: int = 50):  # fmt: skip

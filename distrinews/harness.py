@@ -39,10 +39,8 @@ def http_json(url: str, body: dict | None = None, timeout: float = 30) -> tuple[
 # %% ../nbs/18_server_harness.ipynb #c8a1e009
 @contextlib.contextmanager
 def server_process(*args: str, python=sys.executable, env=None, cwd=None, host="127.0.0.1", timeout: float = 180):
-    """`python -m distrinews.serve ARGS` in a subprocess on a free port. Once `/health` answers (200, or 503 from a
-    server without a model) it yields the server: its base `url`, its `process` and `log()`, what it printed so far;
-    afterwards it stops it (SIGTERM, as a container platform does). `env`: the whole environment (default: this
-    process's); `python`: another interpreter (another checkout)."""
+    """`python -m distrinews.serve ARGS` on a free port until the block ends (see above); yields its `url`, `process`
+    and `log()` (what it printed so far). `env`: the whole environment; `python`: another interpreter."""
     port, logfile = free_port(host), tempfile.NamedTemporaryFile("w", prefix="distrinews-serve-", suffix=".log")
     cmd = [str(python), "-m", "distrinews.serve", "--host", host, "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=cwd)

@@ -30,10 +30,10 @@ from distrinews.model import (
 )  # fmt: skip
 
 # %% auto #0
-__all__ = ['make_optimizer', 'make_scheduler', 'scaled_optimizer_step', 'NonFiniteError', 'check_finite_weights', 'restarted',
-           'prepare_run', 'load_model', 'autocast', 'optimizer_step', 'check_finite_loss', 'evaluate_counts',
-           'metrics_from_counts', 'epoch_metrics', 'simulate_failure', 'per_rank_batch_size', 'training_parser',
-           'check_config', 'clear_errors']
+__all__ = ['make_optimizer', 'make_scheduler', 'optimizer_step', 'NonFiniteError', 'check_finite_weights', 'restarted',
+           'prepare_run', 'load_model', 'autocast', 'check_finite_loss', 'evaluate_counts', 'metrics_from_counts',
+           'epoch_metrics', 'simulate_failure', 'per_rank_batch_size', 'training_parser', 'check_config',
+           'clear_errors']
 
 # %% ../nbs/03_single_gpu.ipynb #df4fd1c9
 def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float = 1.0) -> torch.optim.AdamW:
@@ -61,14 +61,17 @@ def make_scheduler(optimizer, total_steps: int, warmup_steps: int) -> torch.opti
     return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
 
 
-def scaled_optimizer_step(optimizer, scaler: torch.amp.GradScaler, parameters, max_grad_norm: float) -> torch.Tensor:
-    """Unscale, clip and step; returns the gradients' norm before clipping (what the trackers log): inf or nan when
-    they overflowed, and then with fp16 the scaler skips the step (and lowers its scale)."""
+def optimizer_step(optimizer, scaler, scheduler, model, max_grad_norm: float) -> torch.Tensor:
+    """Unscale and clip the gradients, step the optimizer and the schedule, zero the gradients. Returns the gradients'
+    norm before clipping (what the trackers log): inf or nan when they overflowed, and then with fp16 the scaler skips
+    the step (and lowers its scale)."""
     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-    norm = clip_grad_norm_(parameters, max_grad_norm)
+    grad_norm = clip_grad_norm_(model.parameters(), max_grad_norm)
     scaler.step(optimizer)
     scaler.update()
-    return norm
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
 
 # %% ../nbs/03_single_gpu.ipynb #b27a0002
 class NonFiniteError(RuntimeError):
@@ -136,14 +139,6 @@ def autocast(device: torch.device, precision: str):
     "Mixed precision for the forward pass: bf16 or fp16 where `precision` says so, a no-op for fp32."
     dtype = AUTOCAST_DTYPES[precision]
     return torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None)
-
-
-def optimizer_step(optimizer, scaler, scheduler, model, max_grad_norm: float) -> torch.Tensor:
-    "Clip the gradients, step the optimizer and the schedule, zero the gradients; the gradient norm before clipping."
-    grad_norm = scaled_optimizer_step(optimizer, scaler, model.parameters(), max_grad_norm)
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm
 
 # %% ../nbs/03_single_gpu.ipynb #69c3d184
 def check_finite_loss(loss: float, step: int, precision: str):

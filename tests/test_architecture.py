@@ -145,8 +145,9 @@ def test_main_path_notebooks_keep_to_their_budget(name):
         assert lines > MAIN_PATH_BUDGET, f"{name} is within {MAIN_PATH_BUDGET} lines now: drop its ceiling"
 
 
-# No module over 400 lines and the package (the generated index aside) on its way to 3,500: ceilings that only go down
-MODULE_BUDGET, MODULE_CEILING, PACKAGE_CEILING = 400, {}, 3_514
+# No module over 400 lines, and at most 3,500 in the package (the generated index aside): a new line of library code
+# asks which old one can go
+MODULE_BUDGET, MODULE_CEILING, PACKAGE_CEILING = 400, {}, 3_500
 
 
 def test_modules_keep_to_their_budget():

@@ -87,10 +87,9 @@ def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
         dist.set_debug_level_from_env()
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
+        for fd, copy in zip((1, 2), saved):  # the worker's own stdout and stderr again
+            os.dup2(copy, fd)
+            os.close(copy)
     return value, error
 
 # %% ../../nbs/14_spawn_workers.ipynb #10185d26023b46108eb7d9f57d49d2b3
