@@ -12,6 +12,7 @@ line that DDP adds. Every RunConfig field is a flag (--lr 5e-5, --epochs 3, --pr
 """
 
 import contextlib
+import gc
 import itertools
 import math
 import os
@@ -180,7 +181,9 @@ def main(argv=None):
         if args.global_batch_size:
             cfg.batch_size = per_rank_batch_size(args.global_batch_size, dist.get_world_size(), cfg.grad_accum)
         train(cfg, device, args.resume, args.simulate_failure_at_step, None, args.report_to, args.profile_steps)
+        dist.barrier()  # leave together: a gloo rank still shutting down as its peers disconnect can abort (SIGABRT)
     finally:
+        gc.collect()  # DDP keeps the process group alive in a reference cycle: free it now, not while Python exits
         dist.destroy_process_group()  # also when this rank fails: the others stop waiting for it
 
 
