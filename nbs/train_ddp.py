@@ -183,7 +183,7 @@ def main(argv=None):
         train(cfg, device, args.resume, args.simulate_failure_at_step, None, args.report_to, args.profile_steps)
         dist.barrier()  # leave together: a gloo rank still shutting down as its peers disconnect can abort (SIGABRT)
     finally:
-        gc.collect()  # DDP keeps the process group alive in a reference cycle: free it now, not while Python exits
+        gc.collect()  # a reference cycle can keep the DDP wrapper, and its process group, alive until Python exits
         dist.destroy_process_group()  # also when this rank fails: the others stop waiting for it
 
 

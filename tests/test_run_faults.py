@@ -6,7 +6,8 @@
 - a CSV cut off inside a quoted field is refused, naming the line; a non-UTF-8 byte is reported on its own line;
 - a checkpoint of 2 workers is not resumed by 1 or 3 (each world size deals the rows differently: some would be trained
   twice, others never), with a line naming both numbers and the fix; `--fresh` starts over;
-- a read-only filesystem is not "full", a full one keeps no probe file, an unknown profile gets no torchrun advice.
+- a read-only filesystem is not "full", a full one keeps no probe file, an unknown profile gets no torchrun advice;
+- a finished DDP run leaves no wrapper holding its destroyed process group (gloo could abort at exit over it).
 
 The tmpfs tests mount filesystems, which needs root: elsewhere they are skipped, saying so.
 """
@@ -15,6 +16,7 @@ import contextlib
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, load_script
@@ -153,3 +155,19 @@ def test_resuming_with_another_number_of_workers_is_refused(tmp_path, encoder, m
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     assert train(tmp_path, *ddp, "--fresh", script=TRAIN_DDP) == ""
     assert "Test accuracy" in capsys.readouterr().out
+
+
+def test_a_finished_ddp_run_leaves_no_wrapper_behind(tmp_path, encoder):
+    # a fresh worker, as torchrun starts one, with Python's automatic collection off: what still holds the DDP wrapper
+    # once `main` returns holds it (and the process group it keeps) until Python's shutdown, where a gloo rank could
+    # die of SIGABRT after a finished run. In a fresh process the first `from_pretrained` leaves a reference cycle
+    # through the training function's frame; train_ddp.py collects it before it destroys the group.
+    code = "import gc, runpy, sys; gc.disable(); from torch.nn.parallel import DistributedDataParallel as DDP; "
+    code += f"runpy.run_path({str(TRAIN_DDP)!r})['main'](sys.argv[1:]); "
+    code += "print('wrappers left:', sum(type(o) is DDP for o in gc.get_objects()))"
+    one_worker = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    env = dict(JOB_ENV, **one_worker, MASTER_PORT=str(free_port()))
+    args = [*TINY, "--model-name", str(encoder), "--output-dir", str(tmp_path), "--report-to", "none"]
+    p = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "wrappers left: 0" in p.stdout, p.stdout[-2000:]
