@@ -233,9 +233,9 @@ class PadBatch(DataCollatorWithPadding):
 
 # %% ../nbs/02_dataset.ipynb #7fb27b941602401d91542211134fc71a
 class LengthGroupedSampler(DistributedSampler):
-    """torch's `DistributedSampler` with one change, the order the rows are dealt in (the section above): each step's
-    rows (every rank's batch at that step) have similar lengths, and a step holds the same rows whatever the number of
-    ranks. Call `set_epoch` every epoch, as with `DistributedSampler`; a partial last step stays last."""
+    """torch's `DistributedSampler` with one change, the order the rows are dealt in (the section above): sorted by
+    length within shuffled chunks of `mega_batches` steps, so each step's rows (all ranks' batches) are alike in length,
+    and a step holds the same rows whatever the number of ranks. Call `set_epoch` each epoch; a partial step is last."""
 
     def __init__(self, dataset, batch_size: int, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False,
                  mega_batches: int = 50):  # fmt: skip
