@@ -107,7 +107,6 @@ def load_classifier(
     model.to(device).eval().requires_grad_(False)
     chosen, why = choose_dtype(model, tokenizer, device, dtype, max_length=max_length)
     info = dict(base_model=run.get("model_name") or model.config.model_type, dtype_reason=why, path=str(path))
-    info["metrics"] = _read_json(path / "metrics.json")
     return Classifier(model, tokenizer, device, chosen, max_length, name=name, version=version, info=info)
 
 # %% ../nbs/05_inference.ipynb #a522e998

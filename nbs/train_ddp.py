@@ -6,8 +6,8 @@ line that DDP adds. Every RunConfig field is a flag (--lr 5e-5, --epochs 3, --pr
   torchrun --standalone --nproc_per_node=2 train_ddp.py --profile cpu --global-batch-size 32
   # fault tolerant: a snapshot every 50 steps; up to 3 restarts, each resuming from the latest snapshot
   torchrun --standalone --nproc_per_node=2 --max-restarts=3 train_ddp.py --profile cpu --save-every 50
-  # two machines with 2 GPUs each: the same command on both (--node_rank=1 on the second), pointing at the first
-  torchrun --nnodes=2 --node_rank=0 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 \
+  # two machines with 2 GPUs each: the same command on both, pointing at the first (the rendezvous numbers them)
+  torchrun --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 \
       --rdzv_id=news train_ddp.py --profile kaggle
 """
 
@@ -184,7 +184,7 @@ def main(argv=None):
         dist.barrier()  # leave together: a gloo rank still shutting down as its peers disconnect can abort (SIGABRT)
     finally:
         gc.collect()  # a reference cycle can keep the DDP wrapper, and its process group, alive until Python exits
-        dist.destroy_process_group()  # also when this rank fails: the others stop waiting for it
+        dist.destroy_process_group()  # also when this rank fails: gloo peers then fail at once, not at the timeout
 
 
 if __name__ == "__main__":

@@ -135,7 +135,6 @@ def test_two_agents_multi_node_over_loopback(two_rank_run, tiny, tmp_path):
                 for c in TORCHRUN
                 + [
                     "--nnodes=2",
-                    f"--node_rank={i}",
                     "--nproc_per_node=1",
                     "--rdzv_backend=c10d",
                     f"--rdzv_endpoint=127.0.0.1:{port}",
@@ -154,7 +153,7 @@ def test_two_agents_multi_node_over_loopback(two_rank_run, tiny, tmp_path):
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for i in range(2)
+        for _ in range(2)
     ]
     logs = [a.communicate(timeout=240)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], "\n".join(lg[-2000:] for lg in logs)
