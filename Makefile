@@ -2,7 +2,7 @@
 #   make main   train with DDP on the `cpu` profile (2 CPU workers, or every GPU), evaluate on the real test set,
 #               save a resumable checkpoint in runs/cpu/checkpoint, then serve it on http://127.0.0.1:7860
 #   make course execute the notebooks on the `cpu` profile and write their outputs back into nbs/ (about an hour on 2 cores: 03 and 04 train the cpu profile)
-#   make test   every test (what CI runs, ~17 min on 2 cores): generated files in sync, ruff, nbdev_test (profile=smoke),
+#   make test   every test (what CI runs, ~18 min on the slower 2-core host): generated files in sync, ruff, nbdev_test (profile=smoke),
 #               the Kaggle rehearsal (each notebook alone, papermill), pytest
 #   make check  the quick loop while editing (~1 min): export in sync, ruff, the fast tests (pytest -m "not slow")
 #   make format ruff's formatter and import sorting over the notebooks, benchmarks, tools and tests
@@ -23,7 +23,7 @@ OFFLINE_ENV := $(if $(filter 1,$(OFFLINE)),HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=
 venv: $(VENV)/.installed
 $(VENV)/.installed: settings.ini setup.py deployment/requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# torch 2.13.0 first: an unpinned torch would pull several GB of CUDA packages on a CPU machine
+	# torch 2.13.0 first, pinned: the version the image serves with (on Linux x86, PyPI's wheel is the CUDA build)
 	$(BIN)/pip install -q torch==2.13.0 uv
 	# the image's pins (deployment/requirements.txt) constrain this environment too: the versions the tests run are the
 	# versions the Space serves with, whatever has been released since

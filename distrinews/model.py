@@ -77,7 +77,7 @@ PROFILES = {  # what each profile changes from RunConfig's defaults; get_config 
     # pooling and a moving average of the weights (the scripts no longer offer either), and the search's best
     # settings (trial 6, which won two draws).
     "cpu": dict(train_size=10_429, epochs=3),
-    "kaggle": dict(model_name="distilbert-base-uncased", data_source="hub", lr=5e-5, eval_batch_size=256),
+    "kaggle": dict(model_name="distilbert-base-uncased", lr=5e-5, eval_batch_size=256),
 }
 REMOVED = dict(ema_decay=0.0, pooling="cls")  # settings older versions had, as this one trains (CHANGELOG.md)
 

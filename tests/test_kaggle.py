@@ -11,9 +11,9 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
-from distrinews.data import DataFolderError, find_data_dir, load_agnews, read_agnews_csv
+from distrinews.data import DataFolderError, find_data_dir, load_agnews, locate_data, read_agnews_csv
 from distrinews.kaggle import KAGGLE_HEADER, find_attached_agnews, find_attached_checkpoint
-from distrinews.model import OFFLINE_ENCODER, packaged_encoder_dir, resolve_model_source
+from distrinews.model import OFFLINE_ENCODER, get_config, packaged_encoder_dir, resolve_model_source
 
 NBS = Path(__file__).resolve().parents[1] / "nbs"
 
@@ -42,7 +42,7 @@ def test_both_layouts_load_the_same_rows(agnews, tmp_path, monkeypatch):
     monkeypatch.setenv("DISTRINEWS_KAGGLE_INPUT", str(tmp_path / "input"))
     monkeypatch.delenv("DISTRINEWS_DATA_DIR")
     assert find_attached_agnews() == kaggle
-    test = load_agnews("test", source="hub")  # the kaggle profile's source: the complete dataset, here attached
+    test = load_agnews("test", source="hub")  # the complete dataset, here attached
     assert (test["text"], test["label"]) == kaggle_layout
 
 
@@ -53,13 +53,18 @@ def test_a_csv_that_is_not_utf8_is_named(tmp_path):
         read_agnews_csv(bad)
 
 
-def test_two_attached_copies_say_how_to_choose(agnews, tmp_path):
+def test_two_attached_copies_say_how_to_choose(agnews, tmp_path, monkeypatch):
     for name in ("copy-a", "copy-b"):
         (tmp_path / name).mkdir()
         for split in ("train", "test"):
             shutil.copy(agnews / f"{split}.csv", tmp_path / name / f"{split}.csv")
     with pytest.raises(ValueError, match="2 attached folders hold AG News .*DISTRINEWS_DATA_DIR=<one of them>"):
         find_attached_agnews(tmp_path)
+    # what the message says works for the profile a Kaggle notebook picks
+    monkeypatch.setenv("DISTRINEWS_KAGGLE_INPUT", str(tmp_path))
+    monkeypatch.setenv("DISTRINEWS_DATA_DIR", str(tmp_path / "copy-b"))
+    cfg = get_config("kaggle", use_env=False)
+    assert locate_data(cfg.data_dir, cfg.data_source) == tmp_path / "copy-b"
 
 
 def test_an_attached_encoder_is_found_by_its_name(tmp_path, monkeypatch):
