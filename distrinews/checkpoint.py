@@ -42,7 +42,7 @@ def fsync(*paths: Path):
 
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike):
-    "Yield a temporary folder; on success it replaces `target` in one rename (the old one is kept until then)."
+    "Yield a temporary folder; on success it replaces `target`: the old one renamed aside, then the new one in."
     target = Path(target)
     for stale in target.parent.glob(f".{target.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)  # left by a killed writer

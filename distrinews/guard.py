@@ -114,7 +114,7 @@ class ErrorMessage(BaseModel):
 
 
 ERROR_RESPONSES = {
-    400: {"model": ErrorMessage, "description": "Body is not valid UTF-8"},
+    400: {"model": ErrorMessage, "description": "Body not valid UTF-8, or both Content-Length and Transfer-Encoding"},
     408: {"model": ErrorMessage, "description": "Headers or body not received within their timeout"},
     413: {"model": ErrorMessage, "description": "Body larger than max_body_bytes"},
     415: {"model": ErrorMessage, "description": "Body not sent as application/json"},

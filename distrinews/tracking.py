@@ -97,7 +97,7 @@ def training_flops(model, lengths) -> float:
     return 3 * (2 * weights * lengths.sum() + 4 * cfg.num_hidden_layers * cfg.hidden_size * (lengths**2).sum()).item()
 
 # %% ../nbs/17_tracking.ipynb #799557ce
-# (fp16/bf16, fp32) dense TFLOP/s, SXM versions; a T4 has no bf16
+# (fp16/bf16, fp32) dense TFLOP/s, the SXM card where there is one (P100: Kaggle's PCIe card); a T4 has no bf16
 GPU_PEAK_TFLOPS = {"T4": (65, 8.1), "P100": (18.7, 9.3), "V100": (125, 15.7), "A100": (312, 19.5), "L4": (121, 30.3),
                    "H100": (989, 67), "H200": (989, 67)}  # fmt: skip
 
