@@ -309,10 +309,10 @@ def trainer_peer_section(peers: list[dict]) -> list:
         where += f", {r['workers']} workers (torchrun)" if r["workers"] > 1 else ""
         for side, s in r["summary"].items():
             v, a = s["samples_per_s"], s["accuracy"]
-            ratio = f"**{r['ratio_script_over_trainer']:.2f}x** script / Trainer" if side == "script" else ""
-            t = r["summary"]["trainer"]["samples_per_s"]
-            if side == "script" and v["min"] <= t["max"] and t["min"] <= v["max"]:  # a gap inside the spread
-                ratio = f"{r['ratio_script_over_trainer']:.2f}x script / Trainer (the ranges overlap: no result)"
+            x, t = f"{r['ratio_script_over_trainer']:.2f}x", r["summary"]["trainer"]["samples_per_s"]
+            overlap = v["min"] <= t["max"] and t["min"] <= v["max"]  # a gap inside the run-to-run spread: no result
+            ratio = f"{x} script / Trainer (the ranges overlap: no result)" if overlap else f"**{x}** script / Trainer"
+            ratio = ratio if side == "script" else ""
             if side not in ("script", "trainer"):  # before (another checkout) or variant (other flags), vs the script
                 ratio = f"{v['median'] / r['summary']['script']['samples_per_s']['median']:.2f}x {side} / script"
             gap = f"{r['accuracy_gap']:+.2%} ({r['accuracy_seed_spread']:.2%})" if side == "script" else ""

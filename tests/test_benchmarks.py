@@ -227,3 +227,16 @@ def test_a_saved_result_names_its_machine_and_date_and_loads_back(tmp_path):
     report.save({"benchmark": "y", "machine": "a lent H100"}, tmp_path / "sub" / "y.json")
     loaded = report.load(tmp_path / "sub")
     assert loaded["x"] == saved and loaded["y"]["machine"] == "a lent H100"
+
+
+@pytest.mark.skipif(not list((BENCH / "results").glob("trainer_peer_*.json")), reason="no Trainer comparison yet")
+def test_a_trainer_ratio_inside_the_spread_is_no_result():
+    "A script / Trainer ratio is bold (a result) only where the two sides' ranges of samples/s do not overlap."
+    peers = [json.loads(p.read_text()) for p in sorted((BENCH / "results").glob("trainer_peer_*.json"))]
+    text = "\n".join(report.trainer_peer_section(peers))
+    for r in peers:
+        s, t = r["summary"]["script"]["samples_per_s"], r["summary"]["trainer"]["samples_per_s"]
+        x = f"{r['ratio_script_over_trainer']:.2f}x"
+        overlap = s["min"] <= t["max"] and t["min"] <= s["max"]
+        assert (f"{x} script / Trainer (the ranges overlap: no result)" if overlap else f"**{x}** script") in text
+    assert "(the ranges overlap: no result)" in text and "**" in text  # both cases occur in the committed results
