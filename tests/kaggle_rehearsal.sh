@@ -63,6 +63,10 @@ session() {  # a fresh Kaggle session (env -i: nothing of this shell's comes alo
     "$@"
 }
 
+# two lines every kernel may print, which are no failure: ipykernel's warning that its local ports are not encrypted,
+# and the KeyboardInterrupt it logs when jupyter_client interrupts it on shutdown (it always sends SIGINT first)
+quiet() { grep -v -e "Kernel is running over TCP without encryption" -e "KeyboardInterrupt caught in kernel" || true; }
+
 wanted=("$@")
 run_one() {  # notebook $1 in environment $2, alone in its own working folder; a failure is recorded in $tmp/failed
   local name=$1 work="$tmp/working/$1" venv=$2 extra=() start=$SECONDS clone
@@ -73,7 +77,7 @@ run_one() {  # notebook $1 in environment $2, alone in its own working folder; a
   # 07 measures: its `smoke` profile sets tiny parameters (its results go to the working folder: no clone here)
   [ "$name" = 07_benchmarks ] && extra=(-p profile smoke)
   if ! (cd "$work" && session "$venv" "$venv/bin/python" -m papermill --no-progress-bar --log-level WARNING \
-    --cwd "$work" -p profile kaggle "${extra[@]}" "$tmp/nb/$name.ipynb" "$tmp/out/$name.ipynb"); then
+    --cwd "$work" -p profile kaggle "${extra[@]}" "$tmp/nb/$name.ipynb" "$tmp/out/$name.ipynb" 2> >(quiet >&2)); then
     echo "$name" >>"$tmp/failed"; echo "$name (kaggle rehearsal): FAILED after $((SECONDS - start)) s"
     # papermill's error names the cell; what the cell printed (a torchrun job's own error) is in the executed copy
     $BIN/python - "$tmp/out/$name.ipynb" <<'PY' || true

@@ -7,6 +7,7 @@
 - a checkpoint of 2 workers is not resumed by 1 or 3 (each world size deals the rows differently: some would be trained
   twice, others never), with a line naming both numbers and the fix; `--fresh` starts over;
 - a read-only filesystem is not "full", a full one keeps no probe file, an unknown profile gets no torchrun advice;
+- `--resume` with nothing to resume, and fp16 without a GPU, are refused in one line (notebook 03 shows the mechanism);
 - a finished DDP run leaves no wrapper holding its destroyed process group (gloo could abort at exit over it).
 
 The tmpfs tests mount filesystems, which needs root: elsewhere they are skipped, saying so.
@@ -19,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, load_script
 
 from distrinews.checkpoint import CheckpointWriteError, check_writable
@@ -120,6 +122,14 @@ def test_a_non_utf8_byte_is_reported_on_its_line(tmp_path):
 def test_an_unknown_profile_gets_no_torchrun_advice(tmp_path):
     message = train(tmp_path, "--profile", "nosuch")
     assert "Unknown profile 'nosuch'" in message and "torchrun" not in message and ".." not in message, message
+
+
+def test_a_launch_that_cannot_work_is_refused_in_one_line(tmp_path):
+    message = train(tmp_path / "empty", "--resume")  # nothing to resume
+    assert message.startswith("train_single.py: error: --resume: no checkpoint in") and "\n" not in message, message
+    if not torch.cuda.is_available():
+        message = train(tmp_path, "--precision", "fp16", "--check")  # fp16 needs a GradScaler on a GPU
+        assert "needs a CUDA GPU" in message and "\n" not in message, message
 
 
 def torchrun(nproc: int, out, *extra) -> subprocess.CompletedProcess:
