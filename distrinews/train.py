@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from torch.nn.utils import clip_grad_norm_
-from transformers import set_seed
+from transformers import get_linear_schedule_with_warmup, set_seed
 
 from distrinews.checkpoint import (
     CheckpointError, check_resumable, check_writable, checkpoint_dir, clean_checkpoint_leftovers, find_checkpoint,
@@ -56,8 +56,6 @@ def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float 
 # %% ../nbs/03_single_gpu.ipynb #f237604f
 def make_scheduler(optimizer, total_steps: int, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     "Linear warmup from 0 over `warmup_steps`, then linear decay to 0 at `total_steps` (transformers' own schedule)."
-    from transformers import get_linear_schedule_with_warmup
-
     return get_linear_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
 
 
@@ -130,6 +128,7 @@ def load_model(cfg: RunConfig, checkpoint: Path | None = None, device: str | tor
     set_seed(cfg.seed)  # transformers': Python's, NumPy's and torch's random generators
     source = checkpoint or cfg.model_name
     model = build_classifier(source, seed=cfg.seed, dropout=cfg.dropout)
+    model.get_input_embeddings().requires_grad_(not cfg.freeze_word_embeddings)  # frozen: no update, no all-reduce
     # eager attention on CPUs, where SDPA's backward pass is slow (notebook 03: "The attention kernel")
     model.set_attn_implementation("sdpa" if torch.device(device).type == "cuda" else "eager")
     return load_tokenizer(source), model.to(device)
