@@ -300,6 +300,13 @@ def trainer_peer_section(peers: list[dict]) -> list:
     def rate(x: float) -> str:  # samples/s: a decimal where they are few
         return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
+    def versus(r: dict, side: str, other: str) -> str:
+        "`side`'s median samples/s over `other`'s: bold only where their ranges do not overlap (else no result)."
+        v, o = (r["summary"][k]["samples_per_s"] for k in (side, other))
+        x, label = f"{v['median'] / o['median']:.2f}x", f"{side} / {'Trainer' if other == 'trainer' else other}"
+        overlap = v["min"] <= o["max"] and o["min"] <= v["max"]  # a gap inside the run-to-run spread: no result
+        return f"{x} {label} (the ranges overlap: no result)" if overlap else f"**{x}** {label}"
+
     for r in peers:
         threads = r["settings"].get("threads") or "default"
         where = (
@@ -309,12 +316,9 @@ def trainer_peer_section(peers: list[dict]) -> list:
         where += f", {r['workers']} workers (torchrun)" if r["workers"] > 1 else ""
         for side, s in r["summary"].items():
             v, a = s["samples_per_s"], s["accuracy"]
-            x, t = f"{r['ratio_script_over_trainer']:.2f}x", r["summary"]["trainer"]["samples_per_s"]
-            overlap = v["min"] <= t["max"] and t["min"] <= v["max"]  # a gap inside the run-to-run spread: no result
-            ratio = f"{x} script / Trainer (the ranges overlap: no result)" if overlap else f"**{x}** script / Trainer"
-            ratio = ratio if side == "script" else ""
-            if side not in ("script", "trainer"):  # before (another checkout) or variant (other flags), vs the script
-                ratio = f"{v['median'] / r['summary']['script']['samples_per_s']['median']:.2f}x {side} / script"
+            ratio = versus(r, "script", "trainer") if side == "script" else ""
+            if side not in ("script", "trainer"):  # before (another checkout) or variant (other flags): vs both
+                ratio = f"{versus(r, side, 'script')}; {versus(r, side, 'trainer')}"
             gap = f"{r['accuracy_gap']:+.2%} ({r['accuracy_seed_spread']:.2%})" if side == "script" else ""
             name = f"{side} `{r['settings']['variant']}`" if side == "variant" else side
             md.append(

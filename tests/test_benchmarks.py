@@ -231,7 +231,7 @@ def test_a_saved_result_names_its_machine_and_date_and_loads_back(tmp_path):
 
 @pytest.mark.skipif(not list((BENCH / "results").glob("trainer_peer_*.json")), reason="no Trainer comparison yet")
 def test_a_trainer_ratio_inside_the_spread_is_no_result():
-    "A script / Trainer ratio is bold (a result) only where the two sides' ranges of samples/s do not overlap."
+    "A ratio to Trainer is bold (a result) only where the two sides' ranges of samples/s do not overlap."
     peers = [json.loads(p.read_text()) for p in sorted((BENCH / "results").glob("trainer_peer_*.json"))]
     text = "\n".join(report.trainer_peer_section(peers))
     for r in peers:
@@ -239,4 +239,9 @@ def test_a_trainer_ratio_inside_the_spread_is_no_result():
         x = f"{r['ratio_script_over_trainer']:.2f}x"
         overlap = s["min"] <= t["max"] and t["min"] <= s["max"]
         assert (f"{x} script / Trainer (the ranges overlap: no result)" if overlap else f"**{x}** script") in text
+        for side in set(r["summary"]) - {"script", "trainer"}:  # another checkout or other flags: against both
+            v = r["summary"][side]["samples_per_s"]
+            x = f"{v['median'] / t['median']:.2f}x"
+            overlap = v["min"] <= t["max"] and t["min"] <= v["max"]
+            assert (f"{x} {side} / Trainer (the ranges overlap" if overlap else f"**{x}** {side} / Trainer") in text
     assert "(the ranges overlap: no result)" in text and "**" in text  # both cases occur in the committed results
