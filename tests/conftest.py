@@ -25,6 +25,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # PYTHONFAULTHANDLER: a worker killed by a signal (SIGABRT, SIGSEGV) prints where its Python code was
 JOB_ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONFAULTHANDLER="1")
 JOB_ENV.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # whatever the shell says: a hub call fails at once
+# the environment torchrun gives the one worker of a one-process job: train_ddp.py's `main` then runs in this process
+ONE_WORKER = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
 # a tiny, exact configuration of the DDP tests: fp32, no dropout, 96 training rows = 6 steps of a global batch of 16
 TINY = ["--profile", "smoke", "--train-size", "96", "--test-size", "48", "--max-length", "32", "--epochs", "1"]
 TINY += ["--precision", "fp32", "--dropout", "0.0", "--eval-batch-size", "16"]

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     JOB_ENV,
+    ONE_WORKER,
     ROOT,
     TINY,
     TORCHRUN,
@@ -195,8 +196,7 @@ def test_bad_launches_fail_clearly(tmp_path):
 
 def test_frozen_word_embeddings_stay_as_pretrained(tiny, encoder, tmp_path, monkeypatch):
     "--freeze-word-embeddings: DDP trains the rest and leaves the word embeddings as they were (no update, no decay)."
-    one_worker = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    for name, value in {**one_worker, "MASTER_PORT": str(free_port())}.items():  # torchrun's one worker: this process
+    for name, value in {**ONE_WORKER, "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(name, value)
     load_script(TRAIN_DDP).main([*map(str, tiny), "--freeze-word-embeddings", "--output-dir", str(tmp_path)])
     trained, start = saved_weights(tmp_path), weights_initial(encoder)

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 import torch
-from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, load_script
+from conftest import JOB_ENV, ONE_WORKER, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, load_script
 
 from distrinews.checkpoint import CheckpointWriteError, check_writable
 from distrinews.data import DataFolderError, read_agnews_csv
@@ -146,8 +146,7 @@ def test_resuming_with_another_number_of_workers_is_refused(tmp_path, encoder, m
     assert crashed.returncode != 0 and "simulated crash at step 3" in crashed.stdout, crashed.stderr[-2000:]
     # each other number deals the epoch's rows in another order: going on would repeat some rows, skip others.
     # 1 worker: train_ddp.py's `main` in this process, in the environment torchrun gives its one worker
-    one_worker = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    for name, value in one_worker.items():
+    for name, value in ONE_WORKER.items():
         monkeypatch.setenv(name, value)
     ddp = ["--train-size", "96", "--batch-size", "8", "--dropout", "0.0", "--model-name", str(encoder)]
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
@@ -175,8 +174,7 @@ def test_a_finished_ddp_run_leaves_no_wrapper_behind(tmp_path, encoder):
     code = "import gc, runpy, sys; gc.disable(); from torch.nn.parallel import DistributedDataParallel as DDP; "
     code += f"runpy.run_path({str(TRAIN_DDP)!r})['main'](sys.argv[1:]); "
     code += "print('wrappers left:', sum(type(o) is DDP for o in gc.get_objects()))"
-    one_worker = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    env = dict(JOB_ENV, **one_worker, MASTER_PORT=str(free_port()))
+    env = dict(JOB_ENV, **ONE_WORKER, MASTER_PORT=str(free_port()))
     args = [*TINY, "--model-name", str(encoder), "--output-dir", str(tmp_path), "--report-to", "none"]
     p = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
