@@ -283,6 +283,14 @@ def program_speed_section(r: dict) -> list:
     return md + [""]
 
 
+def versus(r: dict, side: str, other: str) -> str:
+    "`side`'s median samples/s over `other`'s: bold only where their ranges do not overlap (else no result)."
+    v, o = (r["summary"][k]["samples_per_s"] for k in (side, other))
+    x, label = f"{v['median'] / o['median']:.2f}x", f"{side} / {'Trainer' if other == 'trainer' else other}"
+    overlap = v["min"] <= o["max"] and o["min"] <= v["max"]  # a gap inside the run-to-run spread: no result
+    return f"{x} {label} (the ranges overlap: no result)" if overlap else f"**{x}** {label}"
+
+
 def trainer_peer_section(peers: list[dict]) -> list:
     "The training script against Hugging Face's Trainer: one table row per side of each run (`trainer_peer.py`)."
     md = [
@@ -291,7 +299,8 @@ def trainer_peer_section(peers: list[dict]) -> list:
         "Same encoder, rows, epoch, batch, schedule, optimizer, length-grouped batches, precision and data loader; "
         "alternating runs, one seed per round for both sides (`benchmarks/trainer_peer.py`). Medians, with the range "
         "over the rounds. `before`: the script before the loss was read only every `--log-every` steps; `variant`: the "
-        "script with the flags its row names.",
+        "script with the flags its row names. `Trainer` trains every weight; the script keeps the word embeddings "
+        "frozen by default, since 2026-11-27: rows measured before then say `script, word embeddings trained`.",
         "",
         "| machine | precision | side | runs | samples/s | accuracy | ratio | accuracy gap (seed spread) |",
         "|---|---|---|---:|---:|---:|---:|---:|",
@@ -299,13 +308,6 @@ def trainer_peer_section(peers: list[dict]) -> list:
 
     def rate(x: float) -> str:  # samples/s: a decimal where they are few
         return f"{x:.1f}" if x < 100 else f"{x:.0f}"
-
-    def versus(r: dict, side: str, other: str) -> str:
-        "`side`'s median samples/s over `other`'s: bold only where their ranges do not overlap (else no result)."
-        v, o = (r["summary"][k]["samples_per_s"] for k in (side, other))
-        x, label = f"{v['median'] / o['median']:.2f}x", f"{side} / {'Trainer' if other == 'trainer' else other}"
-        overlap = v["min"] <= o["max"] and o["min"] <= v["max"]  # a gap inside the run-to-run spread: no result
-        return f"{x} {label} (the ranges overlap: no result)" if overlap else f"**{x}** {label}"
 
     for r in peers:
         threads = r["settings"].get("threads") or "default"
@@ -321,6 +323,8 @@ def trainer_peer_section(peers: list[dict]) -> list:
                 ratio = f"{versus(r, side, 'script')}; {versus(r, side, 'trainer')}"
             gap = f"{r['accuracy_gap']:+.2%} ({r['accuracy_seed_spread']:.2%})" if side == "script" else ""
             name = f"{side} `{r['settings']['variant']}`" if side == "variant" else side
+            if side == "script" and not r.get("script_freezes_word_embeddings"):  # measured before it was the default
+                name = "script, word embeddings trained"
             md.append(
                 f"| {where} | {r['settings']['precision']} | {name} | {sum(x['side'] == side for x in r['runs'])} "
                 f"| {rate(v['median'])} ({rate(v['min'])}-{rate(v['max'])}) "
@@ -331,6 +335,20 @@ def trainer_peer_section(peers: list[dict]) -> list:
         f"- {r['gpu'] or 'CPU'}, {r['settings']['precision']}, {r['workers']} worker(s): {r['note']}" for r in notes
     ]
     return md + [""]
+
+
+def freeze_section(r: dict) -> list:
+    "The whole `cpu` run with the word embeddings trained and frozen, seeds side by side (freeze_word_embeddings_*)."
+    md = ["## Frozen word embeddings on the whole `cpu` run", "", f"`{r['command']}`, code at {r['code']}. {r['note']}"]
+    md += ["", "| side | runs | samples/s | test accuracy | wall time |", "|---|---:|---:|---:|---:|"]
+    for side, s in r["summary"].items():
+        v, a, w = s["samples_per_s"], s["accuracy"], s["wall_s"]
+        md.append(f"| {side}: {r['sides'][side]} | {sum(x['side'] == side for x in r['runs'])} "
+                  f"| {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) | {a['median']:.2%} ({a['min']:.2%}-"
+                  f"{a['max']:.2%}) | {w['median']} s ({w['min']}-{w['max']} s) |")  # fmt: skip
+    within = "within" if abs(r["accuracy_gap"]) <= r["accuracy_seed_spread"] else "beyond"
+    return md + ["", f"{versus(r, 'frozen', 'trained')}; test accuracy {r['accuracy_gap']:+.2%} (seed-to-seed spread "
+                     f"{r['accuracy_seed_spread']:.2%}: {within} it).", ""]  # fmt: skip
 
 
 def render(results: Path = HERE / "results", out: Path = HERE) -> str:
@@ -382,6 +400,8 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
     peers = [R[k] for k in sorted(R) if k.startswith("trainer_peer")]
     if peers:
         md += trainer_peer_section(peers)
+    for key in sorted(k for k in R if k.startswith("freeze_word_embeddings")):
+        md += freeze_section(R[key])
     ddp_keys = sorted(k for k in R if k.startswith("ddp_scaling"))
     for key in ddp_keys:
         md += ddp_section(key, R[key], R[ddp_keys[0]] if key != ddp_keys[0] else None)

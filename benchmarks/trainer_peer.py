@@ -5,9 +5,11 @@ the answer. Both sides fine-tune the same encoder from the same seed on the same
 dataset), for the same epochs, batch, learning rate, linear warmup and decay, weight decay, gradient clipping, fused
 AdamW, length-grouped batches, precision, threads and data loader settings (the script's `loader_options`: its
 collator, pinned memory and workers on a GPU); both are evaluated by the same code (`evaluate_counts`) on the same test
-rows. Each run is a fresh process; the sides alternate (script, Trainer, Trainer, script, ...), and each round has its
-own seed, the same for both sides, so that each side's seed-to-seed spread is measured before a difference between
-them is called a result. Checked: both sides trained the same rows in the same number of optimizer steps.
+rows. Each side as its users run it: the script with its defaults (its word embeddings frozen), `Trainer` training
+every weight; `--variant=--no-freeze-word-embeddings` adds the script training every weight too. Each run is a fresh
+process; the sides alternate (script, Trainer, Trainer, script, ...), and each round has its own seed, the same for
+both sides, so that each side's seed-to-seed spread is measured before a difference between them is called a result.
+Checked: both sides trained the same rows in the same number of optimizer steps.
 
 The figure of a run is its training samples/s over the epoch's loop (the script's `metrics.json`; for `Trainer`, a
 callback times from its first epoch's start to its last epoch's end, after the device has finished), evaluation
@@ -20,7 +22,7 @@ outside it on both sides. `--workers 2` runs train_ddp.py under torchrun against
     python benchmarks/trainer_peer.py --before /tmp/old-checkout
     # or the script with other flags: what one setting costs (here tracking to TensorBoard, against --report-to none)
     python benchmarks/trainer_peer.py --variant "--report-to tensorboard"
-    python benchmarks/trainer_peer.py --variant=--freeze-word-embeddings   # one flag alone: with `=`
+    python benchmarks/trainer_peer.py --variant=--no-freeze-word-embeddings   # one flag alone: with `=`
 """
 
 import argparse
@@ -56,6 +58,7 @@ def trainer_side(argv: list[str]):
     prepare_run(cfg, "no")  # the script's own setup: threads, the data found, the output folder fresh
     batch = args.global_batch_size // world if args.global_batch_size else cfg.batch_size
     tokenizer, model = load_model(cfg, None, device)  # seeded, the same attention kernel as the script's
+    model.requires_grad_(True)  # Trainer as its users run it: every weight trained (the script freezes word embeddings)
     train_ds, test_ds = load_tokenized_splits(cfg, tokenizer)
     steps = math.ceil(math.ceil(len(train_ds) / world) / batch) * cfg.epochs
     loader = loader_options(tokenizer, device, precision)
@@ -185,10 +188,15 @@ def main(argv=None):
     for name, x in others.items():
         print(f"{name} / script: {x:.3f}x samples/s")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    from distrinews.model import config_from_args
+    from distrinews.train import training_parser
+
+    frozen = config_from_args(training_parser("trainer_peer.py").parse_args(flags)).freeze_word_embeddings
     result = dict(benchmark="trainer_peer", workers=a.workers, settings=vars(a) | dict(before=str(a.before or "")),
                   flags=shlex.join(flags), runs=runs, summary=summary, ratio_script_over_trainer=round(ratio, 3),
                   accuracy_gap=round(accuracy_gap, 4), accuracy_seed_spread=round(seed_spread, 4),
-                  accuracy_gap_within_spread=within, other_sides_over_script=others, gpu=gpu)  # fmt: skip
+                  accuracy_gap_within_spread=within, other_sides_over_script=others, gpu=gpu,
+                  script_freezes_word_embeddings=frozen)  # fmt: skip
     report.save(result, a.out)  # with the machine and the date
 
 

@@ -195,7 +195,7 @@ RESUMABLE_CHANGES = set(
 # %% ../nbs/15_checkpoints.ipynb #f627008a
 def check_resumable(saved: dict, cfg: RunConfig):
     "Raise `CheckpointError` if the saved run config differs from `cfg` in a field that changes the training path."
-    then = dataclasses.asdict(RunConfig()) | REMOVED | saved  # a field newer than the checkpoint had its default then
+    then = dataclasses.asdict(RunConfig()) | REMOVED | dict(freeze_word_embeddings=False) | saved  # missing: as it ran
     now = {k: v for k, v in (dataclasses.asdict(cfg) | REMOVED).items() if k not in RESUMABLE_CHANGES}
     if diff := [f"{k}: checkpoint {then[k]!r} vs now {v!r}" for k, v in now.items() if then[k] != v]:
         raise CheckpointError(

@@ -64,7 +64,7 @@ class RunConfig:
     num_threads: Annotated[int, Field(ge=1)] | None = None  # torch CPU threads per process (None: torch's default)
     comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"  # DDP: none = plain all-reduce, or a hook
     log_every: Annotated[int, Field(ge=1)] = 10  # optimizer steps between reads of the loss (a GPU sync each)
-    freeze_word_embeddings: bool = False  # not trained, so not all-reduced: half of MiniLM's weights (DDP: faster)
+    freeze_word_embeddings: bool = True  # kept as pretrained: half of MiniLM's weights not updated nor all-reduced (04)
 
     def __post_init__(self):  # the ranges are in the annotations (checked by pydantic); this needs two fields
         if self.eval_split == "validation" and self.validation_size < 1:

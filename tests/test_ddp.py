@@ -6,7 +6,7 @@
   off, fp32): the diff between the two scripts changes nothing but who computes what;
 - all ranks end with identical parameters (the script checks; we also read its report);
 - multi-node: two torchrun agents (one process each) meet over loopback with the c10d rendezvous.
-- `--freeze-word-embeddings`: DDP trains the rest of the model and leaves the word embeddings as pretrained.
+- the word embeddings, frozen by default: DDP trains the rest of the model and leaves them as pretrained.
 
 Fault tolerance (workers killed, an exact resume) is test_ddp_fault_tolerance.py: a file of its own, so that pytest's
 two workers can each take one of the two longest files. These tests train a 2-layer BERT (the `encoder` fixture): the
@@ -195,10 +195,10 @@ def test_bad_launches_fail_clearly(tmp_path):
 
 
 def test_frozen_word_embeddings_stay_as_pretrained(tiny, encoder, tmp_path, monkeypatch):
-    "--freeze-word-embeddings: DDP trains the rest and leaves the word embeddings as they were (no update, no decay)."
+    "By default DDP trains the rest and leaves the word embeddings as they were (no update, no weight decay)."
     for name, value in {**ONE_WORKER, "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(name, value)
-    load_script(TRAIN_DDP).main([*map(str, tiny), "--freeze-word-embeddings", "--output-dir", str(tmp_path)])
+    load_script(TRAIN_DDP).main([*map(str, tiny), "--output-dir", str(tmp_path)])
     trained, start = saved_weights(tmp_path), weights_initial(encoder)
     changed = {k for k in start if not (trained[k] == start[k]).all()}
     assert "bert.embeddings.word_embeddings.weight" not in changed and "classifier.weight" in changed, changed

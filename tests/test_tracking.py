@@ -113,11 +113,13 @@ def ddp_buckets(model_name) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from distrinews.ddp import free_port
-    from distrinews.model import build_classifier
+    from distrinews.model import get_config
+    from distrinews.train import load_model
 
+    model = load_model(get_config("smoke", use_env=False, model_name=str(model_name)))[1]  # as the script builds it
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
-        ddp = DDP(build_classifier(model_name, seed=42, dropout=0.0), gradient_as_bucket_view=True)
+        ddp = DDP(model, gradient_as_bucket_view=True)
         return len(ddp._get_ddp_logging_data()["bucket_sizes"].split(","))
     finally:
         dist.destroy_process_group()
