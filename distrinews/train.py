@@ -81,9 +81,7 @@ def check_finite_weights(model, step: int):
     # a tensor's sum is finite unless the tensor holds NaN or infinity (or the sum overflows: then the element-wise
     # check decides); one sum per tensor costs a tenth of checking every element, and this runs before every save
     bad = [
-        name
-        for name, p in model.named_parameters()
-        if not torch.isfinite(p.detach().sum()) and not torch.isfinite(p).all()
+        n for n, p in model.named_parameters() if not torch.isfinite(p.detach().sum()) and not torch.isfinite(p).all()
     ]
     if bad:
         raise NonFiniteError(
@@ -219,9 +217,7 @@ def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int
 def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
     "The training scripts' command line: one flag per `RunConfig` field, and how to start, resume or check a run."
     p = config_parser(prog=prog, description="Fine-tune a news classifier on AG News.")
-    p.add_argument(
-        "--global-batch-size", type=int, help="rows per optimizer step over all processes (sets --batch-size)"
-    )
+    p.add_argument("--global-batch-size", type=int, help="rows per optimizer step, all processes (sets --batch-size)")
     p.add_argument("--timeout", type=float, default=300, help="DDP: seconds a collective waits for a missing rank")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_const", const="yes", default="auto",
@@ -232,9 +228,7 @@ def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="check the configuration (profile, precision, data) and exit")
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else "none"
     p.add_argument("--report-to", default=tracker, help="rank 0 logs to: none, tensorboard, wandb or a list of them")
-    p.add_argument(
-        "--profile-steps", type=int, default=0, help="torch.profiler over N steps: OUTPUT_DIR/trace_rank*.json"
-    )
+    p.add_argument("--profile-steps", type=int, default=0, help="profile N steps into OUTPUT_DIR/trace_rank*.json")
     return p
 
 # %% ../nbs/03_single_gpu.ipynb #d37bcf75
