@@ -2,8 +2,9 @@
 #   make main   train with DDP on the `cpu` profile (2 CPU workers, or every GPU), evaluate on the real test set,
 #               save a resumable checkpoint in runs/cpu/checkpoint, then serve it on http://127.0.0.1:7860
 #   make course execute the notebooks on the `cpu` profile and write their outputs back into nbs/ (about an hour on 2 cores: 03 and 04 train the cpu profile)
-#   make test   every test (what CI runs, ~18 min on the slower 2-core host): generated files in sync, ruff, nbdev_test (profile=smoke),
-#               the Kaggle rehearsal (each notebook alone, papermill), pytest
+#   make test   the test command: generated files in sync, ruff, nbdev_test (profile=smoke), the Kaggle rehearsal (each
+#               notebook alone, papermill) and pytest, the slow tier's long proofs aside
+#   make test-slow  the slow tier: the rehearsal of 07, 08 and 11 and the tests marked slow_tier (CI runs both tiers)
 #   make check  the quick loop while editing (~1 min): export in sync, ruff, the fast tests (pytest -m "not slow")
 #   make format ruff's formatter and import sorting over the notebooks, benchmarks, tools and tests
 PY ?= python3
@@ -19,7 +20,7 @@ endif
 OFFLINE ?= $(if $(DISTRINEWS_DATA_DIR),1,)
 OFFLINE_ENV := $(if $(filter 1,$(OFFLINE)),HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1,)
 
-.PHONY: main test check format install-hooks venv readme docs course wheelhouse
+.PHONY: main test test-slow check format install-hooks venv readme docs course wheelhouse
 venv: $(VENV)/.installed
 $(VENV)/.installed: settings.ini setup.py deployment/requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,6 +44,9 @@ main: venv
 
 test: venv
 	bash tests/run_tests.sh
+
+test-slow: venv
+	bash tests/run_tests.sh slow
 
 check: venv
 	bash tools/check_generated.sh

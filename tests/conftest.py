@@ -126,8 +126,9 @@ def probe_checkpoint(checkpoint, tmp_path_factory):
 # The longest files first. pytest-xdist (`--dist loadfile --no-loadscope-reorder`, as tests/run_tests.sh runs it) hands
 # the files to its workers in this order; by default it would start the files with the most tests first, which left the
 # two longest (one test each) for last, on one worker, while the other had nothing to do.
-# Longest first by the files' summed test times (pytest --durations=0, a 2-core AVX2 EPYC, 2026-11-26): 127, 112, 66,
-# 64, 59, 49, 37, 33, 25 and 23 s; the other ten files take 17 s or less each.
+# Longest first by the files' summed test times in each tier (pytest --durations=0, a 2-core AVX512-BF16 EPYC,
+# 2026-11-27): the test command's test_ddp.py 35 s and test_server_http.py 46 s, then 16 s or less a file; the slow
+# tier's 80, 55, 28, 25, 24, 22 and 17 s.
 LONGEST_FIRST = (
     "test_ddp_fault_tolerance.py",
     "test_ddp.py",

@@ -92,6 +92,7 @@ def three_ranks(two_rank_run, tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow_tier
 def test_replica_check_detects_divergence(three_ranks):
     # identical replicas are in sync, and a change of 1e-6 on rank 1 alone is seen by every rank
     assert three_ranks["replicas"] == [dict(same=True, diverged=True)] * 3
@@ -113,6 +114,7 @@ def evaluate_alone(checkpoint, test_size: int) -> dict:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow_tier
 def test_evaluation_is_exact_for_any_world_size(two_rank_run, three_ranks):
     # one rank is the reference; 3 ranks split the 203 rows unevenly (68, 68, 67)
     results = {1: evaluate_alone(two_rank_run[0] / "checkpoint", 203), 3: three_ranks}
@@ -127,6 +129,7 @@ def test_evaluation_is_exact_for_any_world_size(two_rank_run, three_ranks):
     assert results[3]["rank0_items"] < 203  # the work really was split
 
 
+@pytest.mark.slow_tier
 def test_two_agents_multi_node_over_loopback(two_rank_run, tiny, tmp_path):
     out2, _ = two_rank_run
     port = free_port()

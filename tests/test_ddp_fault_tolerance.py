@@ -15,7 +15,7 @@ import torch
 from conftest import JOB_ENV, ROOT, TORCHRUN, TRAIN_DDP, run_job, saved_weights
 from test_tracking import HAS_WANDB, check_tracking
 
-pytestmark = pytest.mark.slow  # torchrun jobs
+pytestmark = [pytest.mark.slow, pytest.mark.slow_tier]  # torchrun jobs
 # fp32 with dropout on, 96 rows = 6 steps of a global batch of 16, a snapshot every 2 steps; texts long enough that the
 # ranks' batches differ in length: each rank draws dropout masks of its own shapes, so its random stream is its own (a
 # resume that restored one rank's stream on every rank was not exact)

@@ -310,6 +310,7 @@ def image_environment(space: Path) -> tuple[dict, list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.slow_tier
 def test_clean_venv_has_only_the_image_requirements(image_venv):
     python = image_venv / "bin" / "python"
     env = {"PATH": os.environ["PATH"]}
@@ -339,6 +340,7 @@ def test_clean_venv_has_only_the_image_requirements(image_venv):
 
 
 @pytest.mark.slow
+@pytest.mark.slow_tier
 def test_staged_space_serves_from_a_clean_venv(tmp_path, image_venv, probe_checkpoint):
     "The image minus Docker: the staged folder, the Dockerfile's WORKDIR, ENV and CMD, a venv of requirements.txt only."
     from distrinews.inference import load_classifier

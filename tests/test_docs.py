@@ -316,6 +316,7 @@ def test_quarto_configuration():
 
 
 @pytest.mark.slow
+@pytest.mark.slow_tier
 def test_nbdev_yml_matches_settings(site):
     "nbdev regenerates nbdev.yml from settings.ini on every docs build: the committed copy must be what it writes."
     assert (site["work"] / "nbs" / "nbdev.yml").read_text() == (NBS / "nbdev.yml").read_text()
@@ -334,6 +335,7 @@ def _known(cases: dict) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.slow_tier
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_notebook_processes_for_docs(site, notebook):
     """nbdev executes every cell that imports something (the fixture fails when one of them needs a name another cell
@@ -352,6 +354,7 @@ def test_notebook_processes_for_docs(site, notebook):
 
 
 @pytest.mark.slow
+@pytest.mark.slow_tier
 @pytest.mark.parametrize("notebook", _known(KNOWN_BROKEN_LINKS))
 def test_notebook_links(site, notebook):
     "Every relative link in the notebook's markdown names an existing page of the site (and an existing heading)."
@@ -360,6 +363,7 @@ def test_notebook_links(site, notebook):
 
 
 @pytest.mark.slow
+@pytest.mark.slow_tier
 def test_rendered_site_links(site):
     "The website Quarto renders from the processed notebooks has no broken relative link."
     if not site["quarto"]:

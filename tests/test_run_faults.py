@@ -140,6 +140,7 @@ def torchrun(nproc: int, out, *extra) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.slow_tier
 def test_resuming_with_another_number_of_workers_is_refused(tmp_path, encoder, monkeypatch, capsys):
     # 2 workers save at step 2 and one dies at step 3: the checkpoint is 4 of the epoch's 12 micro-batches in
     crashed = torchrun(2, tmp_path, "--model-name", encoder, "--save-every", "2", "--simulate-failure-at-step", "3")

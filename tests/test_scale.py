@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # Ray and PostgreSQL
+pytestmark = [pytest.mark.slow, pytest.mark.slow_tier]  # Ray and PostgreSQL
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg")

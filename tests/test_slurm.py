@@ -26,7 +26,7 @@ from conftest import JOB_ENV, ROOT, TINY, saved_weights
 
 from distrinews.ddp import free_port
 
-pytestmark = pytest.mark.slow  # daemons and torchrun jobs
+pytestmark = [pytest.mark.slow, pytest.mark.slow_tier]  # daemons and torchrun jobs
 SBATCH = ROOT / "nbs" / "train_ddp.sbatch"
 SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"])
 MUNGE_PID = Path("/run/munge/munged.pid")
