@@ -132,14 +132,14 @@ lane() {  # lane $1: the notebooks named, one after the other (those the caller 
   done
 }
 # two lanes of about equal length in each tier of tests/run_tests.sh (by one run's per-notebook times on an AVX512-BF16
-# EPYC: the test command's about 180 s each, the slow tier's 110 and 90 s), each with its own environment: 04, 05, 06,
-# 08, 11 (the internet on); and 00-03, 07, 09, 10, 12-18 (the internet off: installed from the attached wheelhouse).
+# EPYC: the test command's about 190 and 180 s, the slow tier's 100 and 120 s), each with its own environment: 04-06,
+# 18, 08, 11 (the internet on); and 00-03, 07, 09, 10, 12-17 (the internet off: installed from the attached wheelhouse).
 # Side by side (KAGGLE_REHEARSAL_PARALLEL=1, what tests/run_tests.sh sets) they keep the 2 cores busy (three lanes
 # measured no faster: the cores are the limit). With torch's default threads the sessions would contend (03 took
 # 586 s instead of 59 s), so each gets OMP_NUM_THREADS=1 there.
-lane_a=(04_ddp 05_inference 06_deploy 08_debugging_ddp 11_scale_out)
+lane_a=(04_ddp 05_inference 06_deploy 18_server_harness 08_debugging_ddp 11_scale_out)
 lane_b=(00_concepts 01_model 02_dataset 03_single_gpu 07_benchmarks 09_interview_prep 10_going_further 12_kaggle_inputs
-        13_reference_checkpoints 14_spawn_workers 15_checkpoints 16_server_defences 17_tracking 18_server_harness)
+        13_reference_checkpoints 14_spawn_workers 15_checkpoints 16_server_defences 17_tracking)
 mapfile -t all < <(cd nbs && ls [0-9][0-9]_*.ipynb | sed 's/\.ipynb$//')
 for name in "${all[@]}"; do  # a notebook added to nbs/ and to no lane would go untested
   [[ " ${lane_a[*]} ${lane_b[*]} " =~ " $name " ]] || { echo "$name is in no lane of $0"; exit 1; }
