@@ -351,6 +351,39 @@ def freeze_section(r: dict) -> list:
                      f"{r['accuracy_seed_spread']:.2%}: {within} it).", ""]  # fmt: skip
 
 
+def scrape_section(r: dict) -> list:
+    "serving_scrape_c<clients>.json: one server's /metrics read every N s during its load, beside the same unscraped."
+    st, on, scraped = r["settings"], r["runs"]["on"], r["runs"]["on_scraped"]
+    rows = []
+    for name, x in (("not scraped", on), ("scraped", scraped)):
+        per_round = ", ".join(map(str, x["throughput_per_round"]))
+        cpu = ", ".join(f"{ms:.2f}" for ms in x["server_cpu_ms_per_request_per_round"])
+        rows.append(f"| {name} | {x['throughput_rps']:.1f} | {per_round} | {cpu} | {x['p99_ms']:.1f} |")
+    rounds, reads = r["scrape_cost_per_round"], scraped.get("metrics_scrapes", {})
+    verdict = {True: "within 2 % in every round", False: "over 2 % in every round"}.get(
+        r["targets"]["/metrics scraped: throughput within 2 %"], "the rounds fall on both sides of 2 %: no result"
+    )
+    return [
+        "## Serving: `/metrics` scraped vs not",
+        "",
+        f"Two servers of the same checkpoint, batching on, {st['concurrency']} clients, {st['requests']:,} requests"
+        f" each in {st['rounds']} alternating rounds; one has its `/metrics` read every {st['scrape_metrics_s']:g} s"
+        f" during its load ({sum(reads.values())} reads, answered {', '.join(f'{n} x {c}' for c, n in reads.items())})."
+        f" Machine: {r['machine']};"
+        f" {str(r['date'])[:10]}.",
+        "",
+        "| server | req/s | req/s per round | server CPU ms per request, per round | p99 ms |",
+        "|---|---:|---|---|---:|",
+        *rows,
+        "",
+        f"Throughput lost to scraping: {r['scrape_cost']:+.1%} in all, {min(rounds):+.1%} to {max(rounds):+.1%} per"
+        f" round ({verdict}). Measured on its own, one read of `/metrics` costs the server"
+        f" {scraped['server_cpu_ms_per_scrape']:.2f} ms of CPU: once every {st['scrape_metrics_s']:g} s, that is"
+        f" {scraped['scrape_cpu_share']:.2%} of the CPU time it spent serving under this load (the goal: 2 %).",
+        "",
+    ]
+
+
 def render(results: Path = HERE / "results", out: Path = HERE) -> str:
     "Write README.md and the charts for the results in `results` into `out`; return the Markdown."
     import matplotlib
@@ -436,6 +469,8 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
             "",
         ]
         chart_serving(serving, out / "serving.png")
+    for key in sorted(k for k in R if re.fullmatch(r"serving_scrape_c\d+", k)):
+        md += scrape_section(R[key])
     accuracy = [R[k] for k in sorted(R) if k.startswith("accuracy")]
     if accuracy:
         md += [

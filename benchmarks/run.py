@@ -32,6 +32,8 @@ MATRIX = {
     "accuracy": dict(profile="cpu", measure="accuracy"),
     # serves runs/cpu/checkpoint (the main job's model) when it exists, else a demo model
     "serving": dict(measure="serving", serving_clients=[1, 8, 32], serving_requests=1024),
+    # what reading /metrics every second costs a server under load (a third server, the same as batching on)
+    "serving-scrape": dict(measure="serving", serving_clients=[8], serving_requests=8192, serving_scrape_s=1.0),
     "gpu": dict(measure="gpu"),
 }
 SMOKE = {
