@@ -360,8 +360,8 @@ def scrape_section(r: dict) -> list:
         cpu = ", ".join(f"{ms:.2f}" for ms in x["server_cpu_ms_per_request_per_round"])
         rows.append(f"| {name} | {x['throughput_rps']:.1f} | {per_round} | {cpu} | {x['p99_ms']:.1f} |")
     rounds, reads = r["scrape_cost_per_round"], scraped.get("metrics_scrapes", {})
-    verdict = {True: "within 2 % in every round", False: "over 2 % in every round"}.get(
-        r["targets"]["/metrics scraped: throughput within 2 %"], "the rounds fall on both sides of 2 %: no result"
+    verdict = {True: "within 2 %", False: "over 2 %"}.get(
+        r["targets"]["/metrics scraped: throughput within 2 %"], "the rounds spread over more than 2 %: no result"
     )
     return [
         "## Serving: `/metrics` scraped vs not",
