@@ -299,8 +299,9 @@ def trainer_peer_section(peers: list[dict]) -> list:
         "Same encoder, rows, epoch, batch, schedule, optimizer, length-grouped batches, precision and data loader; "
         "alternating runs, one seed per round for both sides (`benchmarks/trainer_peer.py`). Medians, with the range "
         "over the rounds. `before`: the script before the loss was read only every `--log-every` steps; `variant`: the "
-        "script with the flags its row names. `Trainer` trains every weight; the script keeps the word embeddings "
-        "frozen by default, since 2026-11-27: rows measured before then say `script, word embeddings trained`.",
+        "script with the flags its row names. `Trainer` trains every weight with the model's dropout; since 2026-11-27 "
+        "the script keeps the word embeddings frozen by default and, in the `cpu` profile, has no dropout: rows "
+        "measured before either says so (`word embeddings trained`, `dropout on`).",
         "",
         "| machine | precision | side | runs | samples/s | accuracy | ratio | accuracy gap (seed spread) |",
         "|---|---|---|---:|---:|---:|---:|---:|",
@@ -323,8 +324,10 @@ def trainer_peer_section(peers: list[dict]) -> list:
                 ratio = f"{versus(r, side, 'script')}; {versus(r, side, 'trainer')}"
             gap = f"{r['accuracy_gap']:+.2%} ({r['accuracy_seed_spread']:.2%})" if side == "script" else ""
             name = f"{side} `{r['settings']['variant']}`" if side == "variant" else side
-            if side == "script" and not r.get("script_freezes_word_embeddings"):  # measured before it was the default
-                name = "script, word embeddings trained"
+            if side == "script":  # measured before a default changed: named by what it did differently
+                old = {"word embeddings trained": not r.get("script_freezes_word_embeddings"),
+                       "dropout on": r.get("script_dropout") != 0}  # fmt: skip
+                name = ", ".join(["script", *(k for k, v in old.items() if v)])
             md.append(
                 f"| {where} | {r['settings']['precision']} | {name} | {sum(x['side'] == side for x in r['runs'])} "
                 f"| {rate(v['median'])} ({rate(v['min'])}-{rate(v['max'])}) "
@@ -337,9 +340,15 @@ def trainer_peer_section(peers: list[dict]) -> list:
     return md + [""]
 
 
-def freeze_section(r: dict) -> list:
-    "The whole `cpu` run with the word embeddings trained and frozen, seeds side by side (freeze_word_embeddings_*)."
-    md = ["## Frozen word embeddings on the whole `cpu` run", "", f"`{r['command']}`, code at {r['code']}. {r['note']}"]
+WHOLE_RUNS = {  # the `cpu` run with one setting both ways, seeds side by side: title, (the new side, the old side)
+    "freeze_word_embeddings": ("Frozen word embeddings on the whole `cpu` run", ("frozen", "trained")),
+    "dropout": ("No dropout on the whole `cpu` run", ("dropout off", "dropout on")),
+}
+
+
+def whole_run_section(r: dict, title: str, sides: tuple) -> list:
+    "The whole `cpu` run with one setting changed, seeds side by side (the results files named in WHOLE_RUNS)."
+    md = [f"## {title}", "", f"`{r['command']}`, code at {r['code']}. {r['note']}"]
     md += ["", "| side | runs | samples/s | test accuracy | wall time |", "|---|---:|---:|---:|---:|"]
     for side, s in r["summary"].items():
         v, a, w = s["samples_per_s"], s["accuracy"], s["wall_s"]
@@ -347,8 +356,12 @@ def freeze_section(r: dict) -> list:
                   f"| {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) | {a['median']:.2%} ({a['min']:.2%}-"
                   f"{a['max']:.2%}) | {w['median']} s ({w['min']}-{w['max']} s) |")  # fmt: skip
     within = "within" if abs(r["accuracy_gap"]) <= r["accuracy_seed_spread"] else "beyond"
-    return md + ["", f"{versus(r, 'frozen', 'trained')}; test accuracy {r['accuracy_gap']:+.2%} (seed-to-seed spread "
-                     f"{r['accuracy_seed_spread']:.2%}: {within} it).", ""]  # fmt: skip
+    accuracy = {(x["side"], x["seed"]): x["accuracy"] for x in r["runs"]}
+    seeds = sorted({seed for _, seed in accuracy})
+    by_seed = ", ".join(f"{accuracy[sides[0], s] - accuracy[sides[1], s]:+.2%} (seed {s})" for s in seeds)
+    return md + ["", f"{versus(r, *sides)}; test accuracy {r['accuracy_gap']:+.2%} (seed-to-seed spread "
+                     f"{r['accuracy_seed_spread']:.2%}: {within} it); seed by seed, {sides[0]} minus {sides[1]}: "
+                     f"{by_seed}.", ""]  # fmt: skip
 
 
 def scrape_section(r: dict) -> list:
@@ -369,8 +382,7 @@ def scrape_section(r: dict) -> list:
         f"Two servers of the same checkpoint, batching on, {st['concurrency']} clients, {st['requests']:,} requests"
         f" each in {st['rounds']} alternating rounds; one has its `/metrics` read every {st['scrape_metrics_s']:g} s"
         f" during its load ({sum(reads.values())} reads, answered {', '.join(f'{n} x {c}' for c, n in reads.items())})."
-        f" Machine: {r['machine']};"
-        f" {str(r['date'])[:10]}.",
+        f" Machine: {r['machine']}; {str(r['date'])[:10]}.",
         "",
         "| server | req/s | req/s per round | server CPU ms per request, per round | p99 ms |",
         "|---|---:|---|---|---:|",
@@ -433,8 +445,8 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
     peers = [R[k] for k in sorted(R) if k.startswith("trainer_peer")]
     if peers:
         md += trainer_peer_section(peers)
-    for key in sorted(k for k in R if k.startswith("freeze_word_embeddings")):
-        md += freeze_section(R[key])
+    for prefix, (title, sides) in WHOLE_RUNS.items():
+        md += [line for key in sorted(R) if key.startswith(prefix) for line in whole_run_section(R[key], title, sides)]
     ddp_keys = sorted(k for k in R if k.startswith("ddp_scaling"))
     for key in ddp_keys:
         md += ddp_section(key, R[key], R[ddp_keys[0]] if key != ddp_keys[0] else None)

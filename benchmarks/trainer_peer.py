@@ -5,11 +5,12 @@ the answer. Both sides fine-tune the same encoder from the same seed on the same
 dataset), for the same epochs, batch, learning rate, linear warmup and decay, weight decay, gradient clipping, fused
 AdamW, length-grouped batches, precision, threads and data loader settings (the script's `loader_options`: its
 collator, pinned memory and workers on a GPU); both are evaluated by the same code (`evaluate_counts`) on the same test
-rows. Each side as its users run it: the script with its defaults (its word embeddings frozen), `Trainer` training
-every weight; `--variant=--no-freeze-word-embeddings` adds the script training every weight too. Each run is a fresh
-process; the sides alternate (script, Trainer, Trainer, script, ...), and each round has its own seed, the same for
-both sides, so that each side's seed-to-seed spread is measured before a difference between them is called a result.
-Checked: both sides trained the same rows in the same number of optimizer steps.
+rows. Each side as its users run it: the script with its defaults (its word embeddings frozen; in the `cpu` profile, no
+dropout), `Trainer` training every weight with the model's own dropout; `--variant=--no-freeze-word-embeddings` adds
+the script training every weight too. Each run is a fresh process; the sides alternate (script, Trainer, Trainer,
+script, ...), and each round has its own seed, the same for both sides, so that each side's seed-to-seed spread is
+measured before a difference between them is called a result. Checked: both sides trained the same rows in the same
+number of optimizer steps.
 
 The figure of a run is its training samples/s over the epoch's loop (the script's `metrics.json`; for `Trainer`, a
 callback times from its first epoch's start to its last epoch's end, after the device has finished), evaluation
@@ -26,6 +27,7 @@ outside it on both sides. `--workers 2` runs train_ddp.py under torchrun against
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -53,6 +55,8 @@ def trainer_side(argv: list[str]):
 
     args = training_parser("trainer_peer.py").parse_args(argv)
     cfg, world = config_from_args(args), int(os.environ.get("WORLD_SIZE", 1))
+    if args.dropout is None:  # Trainer as its users run it: the model's own dropout (the cpu profile turns it off)
+        cfg = dataclasses.replace(cfg, dropout=None)
     device = pick_device(local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     precision = pick_precision(cfg.precision, device)
     prepare_run(cfg, "no")  # the script's own setup: threads, the data found, the output folder fresh
@@ -191,12 +195,13 @@ def main(argv=None):
     from distrinews.model import config_from_args
     from distrinews.train import training_parser
 
-    frozen = config_from_args(training_parser("trainer_peer.py").parse_args(flags)).freeze_word_embeddings
+    script = config_from_args(training_parser("trainer_peer.py").parse_args(flags))
     result = dict(benchmark="trainer_peer", workers=a.workers, settings=vars(a) | dict(before=str(a.before or "")),
                   flags=shlex.join(flags), runs=runs, summary=summary, ratio_script_over_trainer=round(ratio, 3),
                   accuracy_gap=round(accuracy_gap, 4), accuracy_seed_spread=round(seed_spread, 4),
                   accuracy_gap_within_spread=within, other_sides_over_script=others, gpu=gpu,
-                  script_freezes_word_embeddings=frozen)  # fmt: skip
+                  script_freezes_word_embeddings=script.freeze_word_embeddings,
+                  script_dropout=script.dropout)  # fmt: skip
     report.save(result, a.out)  # with the machine and the date
 
 

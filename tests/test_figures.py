@@ -117,7 +117,7 @@ def json_values() -> dict:
                 values["samples/s"].add(v)
             if "throughput" in full:
                 values["req/s"].add(v)
-            if "speedup" in key or key.startswith("vs_"):
+            if "speedup" in key or key.startswith(("vs_", "ratio_")):
                 values["x"].add(v)
             if 0 <= v <= 1:
                 values["%"].add(100 * v)
