@@ -128,7 +128,8 @@ def step_profiler(cfg, steps: int, rank: int):
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     schedule = torch.profiler.schedule(wait=1, warmup=1, active=steps, repeat=1)
-    profiler = torch.profiler.profile(activities=activities, schedule=schedule,
+    # acc_events: there is one cycle anyway; without it torch warns on GPUs that each cycle's events are dropped
+    profiler = torch.profiler.profile(activities=activities, schedule=schedule, acc_events=True,
                                       on_trace_ready=lambda p: p.export_chrome_trace(trace))  # fmt: skip
     profiler.start()
     return profiler
@@ -138,25 +139,43 @@ def _span(events, t0) -> tuple[float, float]:
     return min(e["ts"] for e in events) - t0, max(e["ts"] + e["dur"] for e in events) - t0
 
 
+def _rank_timeline(events: list) -> dict:
+    "`ddp_timeline` of one rank's trace events."
+    kernels = {e["args"]["correlation"]: e for e in events if e.get("cat") == "kernel"}
+    launches = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and e["args"].get("correlation") in kernels]  # fmt: skip
+
+    def ran(cpu: list) -> list:  # what these CPU events did: on a GPU, the kernels they launched from their thread
+        if not kernels:
+            return cpu
+        return [kernels[k["args"]["correlation"]] for k in launches
+                if any(c["tid"] == k["tid"] and c["ts"] <= k["ts"] <= c["ts"] + c["dur"] for c in cpu)]  # fmt: skip
+
+    on_cpu = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]  # not the GPU's copies of them
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in on_cpu if e["name"].startswith("ProfilerStep#"))
+    t0, rows, hidden, total = steps[0][0], [], 0.0, 0.0
+    for start, end in steps:
+        inside = [e for e in on_cpu if start <= e["ts"] < end]
+        sends = [ran([e]) for e in inside if e["name"].endswith(":all_reduce")]  # gloo: or nccl:all_reduce
+        comms = sorted(_span(s, t0) for s in sends if s)  # one rank alone on a GPU: NCCL launches no kernel
+        sent = {id(k) for s in sends for k in s}  # launched from inside backward, but not backward's work
+        forward = _span(ran([e for e in inside if e["name"] == "DistributedDataParallel.forward"]), t0)
+        autograd = ran([e for e in inside if e["name"].startswith("autograd::engine::evaluate_function")])
+        backward = _span([k for k in autograd if id(k) not in sent], t0)
+        hidden += sum(max(0.0, min(b, backward[1]) - max(a, backward[0])) for a, b in comms)
+        total += sum(b - a for a, b in comms)
+        rows.append(dict(forward=forward, backward=backward, all_reduce=comms))
+    return dict(steps=rows, overlap=hidden / total if total else 0.0)
+
+
 def ddp_timeline(folder) -> dict:
     """Per rank, from the Chrome traces of `--profile-steps`: each profiled step's forward and backward intervals and
     all-reduce intervals (microseconds from the rank's first step), and `overlap`: the share of all-reduce time hidden
-    under backward."""
-    ranks = {}
-    for path in sorted(Path(folder).glob("trace_rank*.json")):
-        events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
-        steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#"))
-        t0, rows, hidden, total = steps[0][0], [], 0.0, 0.0
-        for start, end in steps:
-            inside = [e for e in events if start <= e["ts"] < end]
-            forward = _span([e for e in inside if e["name"] == "DistributedDataParallel.forward"], t0)
-            backward = _span([e for e in inside if e["name"].startswith("autograd::engine::evaluate_function")], t0)
-            comms = sorted(_span([e], t0) for e in inside if e["name"].endswith(":all_reduce"))
-            hidden += sum(max(0.0, min(b, backward[1]) - max(a, backward[0])) for a, b in comms)
-            total += sum(b - a for a, b in comms)
-            rows.append(dict(forward=forward, backward=backward, all_reduce=comms))
-        ranks[int(path.stem.removeprefix("trace_rank"))] = dict(steps=rows, overlap=hidden / total if total else 0.0)
-    return ranks
+    under backward. On a GPU the CPU only queues the work, so there each interval is the GPU's: the kernels that part
+    of the step launched (a kernel and its launch share a `correlation` id)."""
+    traces = {int(p.stem.removeprefix("trace_rank")): json.loads(p.read_text())["traceEvents"]
+              for p in sorted(Path(folder).glob("trace_rank*.json"))}  # fmt: skip
+    return {rank: _rank_timeline([e for e in t if e.get("ph") == "X"]) for rank, t in traces.items()}
 
 # %% ../nbs/04_ddp.ipynb #b118ea5561624da68c537baed56e602f
 def plot_timeline(timeline: dict):
