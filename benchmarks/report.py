@@ -446,7 +446,8 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
     if peers:
         md += trainer_peer_section(peers)
     for prefix, (title, sides) in WHOLE_RUNS.items():
-        md += [line for key in sorted(R) if key.startswith(prefix) for line in whole_run_section(R[key], title, sides)]
+        for key in sorted(k for k in R if k.startswith(prefix)):
+            md += whole_run_section(R[key], title, sides)
     ddp_keys = sorted(k for k in R if k.startswith("ddp_scaling"))
     for key in ddp_keys:
         md += ddp_section(key, R[key], R[ddp_keys[0]] if key != ddp_keys[0] else None)
