@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import socket
+import tempfile
 import types
 from pathlib import Path
 
@@ -119,17 +120,13 @@ def register_comm_hook(ddp: DDP, name: str) -> str:
 
 # %% ../nbs/04_ddp.ipynb #7cdc8c89c7104fffa095e18ddfef8986
 def step_profiler(cfg, steps: int, rank: int):
-    """A started `torch.profiler` over `steps` optimizer steps (after 1 skipped, 1 warm-up; call `.step()` after each,
-    `.stop()` at the end) that writes `<output_dir>/trace_rank<r>.json`; with `steps` 0, one that does nothing."""
+    """A started `torch.profiler` of the CPU and any GPU over `steps` optimizer steps (after 1 skipped, 1 warm-up; call
+    `.step()` after each, `.stop()` at the end) that writes `<output_dir>/trace_rank<r>.json` (`steps` 0: a no-op)."""
     if not steps:
         return types.SimpleNamespace(step=lambda: None, stop=lambda: None)
     trace = str(Path(cfg.output_dir) / f"trace_rank{rank}.json")
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
     schedule = torch.profiler.schedule(wait=1, warmup=1, active=steps, repeat=1)
-    # acc_events: there is one cycle anyway; without it torch warns on GPUs that each cycle's events are dropped
-    profiler = torch.profiler.profile(activities=activities, schedule=schedule, acc_events=True,
+    profiler = torch.profiler.profile(schedule=schedule, acc_events=True,  # one cycle: acc_events only quiets a warning
                                       on_trace_ready=lambda p: p.export_chrome_trace(trace))  # fmt: skip
     profiler.start()
     return profiler
@@ -140,7 +137,7 @@ def _span(events, t0) -> tuple[float, float]:
 
 
 def _rank_timeline(events: list) -> dict:
-    "`ddp_timeline` of one rank's trace events."
+    "`ddp_timeline` of one rank's trace events (those of the categories read here all have a duration)."
     kernels = {e["args"]["correlation"]: e for e in events if e.get("cat") == "kernel"}
     launches = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
                 and e["args"].get("correlation") in kernels]  # fmt: skip
@@ -173,9 +170,8 @@ def ddp_timeline(folder) -> dict:
     all-reduce intervals (microseconds from the rank's first step), and `overlap`: the share of all-reduce time hidden
     under backward. On a GPU the CPU only queues the work, so there each interval is the GPU's: the kernels that part
     of the step launched (a kernel and its launch share a `correlation` id)."""
-    traces = {int(p.stem.removeprefix("trace_rank")): json.loads(p.read_text())["traceEvents"]
-              for p in sorted(Path(folder).glob("trace_rank*.json"))}  # fmt: skip
-    return {rank: _rank_timeline([e for e in t if e.get("ph") == "X"]) for rank, t in traces.items()}
+    return {int(p.stem.removeprefix("trace_rank")): _rank_timeline(json.loads(p.read_text())["traceEvents"])
+            for p in sorted(Path(folder).glob("trace_rank*.json"))}  # fmt: skip
 
 # %% ../nbs/04_ddp.ipynb #b118ea5561624da68c537baed56e602f
 def plot_timeline(timeline: dict):
@@ -189,9 +185,8 @@ def plot_timeline(timeline: dict):
             bars = [(s["forward"], "C0", 0.4), (s["backward"], "C1", 0.4)] + [(c, "C2", 0) for c in s["all_reduce"]]
             for (a, b), color, y in bars:
                 ax.broken_barh([(a / 1e3, (b - a) / 1e3)], (row + y, 0.35), color=color, edgecolor="k", lw=0.3)
-    ax.set_yticks(
-        [r + 0.4 for r in range(len(ranks))], [f"rank {r}: {timeline[r]['overlap']:.0%} hidden" for r in ranks]
-    )
+    labels = [f"rank {r}: {timeline[r]['overlap']:.0%} hidden" for r in ranks]
+    ax.set_yticks([r + 0.4 for r in range(len(ranks))], labels)
     ax.set(xlabel="ms from the first profiled step", title="forward (blue), backward (orange), all-reduce (green)")
     return fig
 
@@ -205,14 +200,13 @@ def bandwidth_table(rows: list[dict]) -> str:
                                      f"{r['algbw_gbs']:.2f}", f"{r['busbw_gbs']:.2f}") for r in rows])  # fmt: skip
 
 # %% ../nbs/04_ddp.ipynb #4545d1fa
-def _allreduce_worker(rank: int, world_size: int, port: int, sizes: list[int], iters: int, warmup: int, queue):
+def _allreduce_worker(rank: int, world_size: int, init: str, sizes: list[int], iters: int, warmup: int, queue):
     "One rank of `allreduce_bandwidth`: the best seconds per all-reduce of each size (the slower rank's), to `queue`."
     import time
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     torch.cuda.set_device(device) if cuda else torch.set_num_threads(1)
-    init = f"tcp://127.0.0.1:{port}"
     dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world_size)
     sync = torch.cuda.synchronize if cuda else (lambda: None)  # a GPU's work is asynchronous: wait before the clock
     try:
@@ -245,17 +239,9 @@ def allreduce_bandwidth(
     sizes = sizes or [4**k for k in range(6, 14)]  # 4 KiB to 64 MiB
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.SimpleQueue()
-    for attempt in range(3):  # the free port can be taken by another program before rank 0 listens on it: retry
-        try:
-            torch.multiprocessing.start_processes(
-                _allreduce_worker,
-                args=(world_size, free_port(), sizes, iters, warmup, queue),
-                nprocs=world_size,
-                start_method="spawn",
-            )
-            seconds, n = queue.get(), world_size
-            return [dict(bytes=b, count=b // 4, time_us=t * 1e6, algbw_gbs=b / t / 1e9,
-                         busbw_gbs=b / t / 1e9 * 2 * (n - 1) / n) for b, t in zip(sizes, seconds)]  # fmt: skip
-        except torch.multiprocessing.ProcessRaisedException as e:
-            if "EADDRINUSE" not in str(e) or attempt == 2:
-                raise
+    with tempfile.TemporaryDirectory() as folder:  # a file to meet at: no port that another program could take first
+        args = (world_size, Path(folder, "rendezvous").as_uri(), sizes, iters, warmup, queue)
+        torch.multiprocessing.start_processes(_allreduce_worker, args=args, nprocs=world_size, start_method="spawn")
+    seconds, n = queue.get(), world_size
+    return [dict(bytes=b, count=b // 4, time_us=t * 1e6, algbw_gbs=b / t / 1e9,
+                 busbw_gbs=b / t / 1e9 * 2 * (n - 1) / n) for b, t in zip(sizes, seconds)]  # fmt: skip
