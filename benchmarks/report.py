@@ -36,7 +36,10 @@ def save(result: dict, out: str | Path) -> dict:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     cpu = dict(cpu=platform.processor() or platform.machine(), cores=os.cpu_count(), torch=torch.__version__)
-    result.setdefault("machine", dict(cpu, capability=torch.backends.cpu.get_cpu_capability(), gpu=gpu))
+    capability = torch.backends.cpu.get_cpu_capability()
+    if os.environ.get("ATEN_CPU_CAPABILITY"):  # kernels limited on a CPU that has more: not that CPU kind's figure
+        capability += f" kernels forced (ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY']})"
+    result.setdefault("machine", dict(cpu, capability=capability, gpu=gpu))
     result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=1) + "\n")
@@ -335,7 +338,9 @@ def trainer_peer_section(peers: list[dict]) -> list:
             )
     notes = [r for r in peers if r.get("note")]
     md += [""] + [
-        f"- {r['gpu'] or 'CPU'}, {r['settings']['precision']}, {r['workers']} worker(s): {r['note']}" for r in notes
+        f"- {r['gpu'] or 'CPU ' + r['machine'].get('capability', '')}, {r['settings']['precision']}, {r['workers']} "
+        f"worker(s): {r['note']}"
+        for r in notes
     ]
     return md + [""]
 
