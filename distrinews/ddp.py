@@ -83,10 +83,9 @@ def parameter_fingerprint(model) -> torch.Tensor:
 
 def replicas_in_sync(model, device=None) -> bool:
     "True when every rank holds exactly the same parameters (always True in a single process)."
-    mine = parameter_fingerprint(getattr(model, "module", model))
     if not (dist.is_available() and dist.is_initialized()):
         return True
-    mine = mine.to(device or "cpu")
+    mine = parameter_fingerprint(getattr(model, "module", model)).to(device or "cpu")
     everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     return all(torch.equal(everyone[0], other) for other in everyone[1:])
@@ -122,6 +121,8 @@ def register_comm_hook(ddp: DDP, name: str) -> str:
 def step_profiler(cfg, steps: int, rank: int):
     """A started `torch.profiler` of the CPU and any GPU over `steps` optimizer steps (after 1 skipped, 1 warm-up; call
     `.step()` after each, `.stop()` at the end) that writes `<output_dir>/trace_rank<r>.json` (`steps` 0: a no-op)."""
+    if steps < 0:
+        raise ValueError(f"--profile-steps {steps}: give the number of steps to profile, or 0 for none")
     if not steps:
         return types.SimpleNamespace(step=lambda: None, stop=lambda: None)
     trace = str(Path(cfg.output_dir) / f"trace_rank{rank}.json")

@@ -44,7 +44,7 @@ class RunConfig:
     test_size: Annotated[int, Field(ge=1)] | None = None  # stratified subset of the test split
     validation_size: Annotated[int, Field(ge=0)] = 0  # training rows held out (stratified) for choosing settings
     eval_split: Literal["test", "validation"] = "test"  # what `evaluate` measures: the test split or the held-out rows
-    max_length: Annotated[int, Field(ge=1)] = 128  # tokens; AG News headlines+leads rarely exceed 100
+    max_length: Annotated[int, Field(ge=2, le=512)] = 128  # AG News rarely exceeds 100; the encoders have 512 positions
     batch_size: Annotated[int, Field(ge=1)] = 32  # per process (DDP: per rank)
     eval_batch_size: Annotated[int, Field(ge=1)] = 128
     lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
@@ -94,9 +94,8 @@ def running_on() -> str:
 
 def pick_profile(profile: str | None = None) -> str:
     "The profile to use: the argument, else $DISTRINEWS_PROFILE, else `kaggle` on a Kaggle GPU box, else `cpu`."
-    profile = profile or os.environ.get("DISTRINEWS_PROFILE") or ""
-    if not profile:
-        profile = "kaggle" if running_on() == "kaggle" and torch.cuda.is_available() else "cpu"
+    guessed = "kaggle" if running_on() == "kaggle" and torch.cuda.is_available() else "cpu"
+    profile = profile or os.environ.get("DISTRINEWS_PROFILE") or guessed
     if profile not in PROFILES:
         raise ValueError(
             f"Unknown profile {profile!r}. Choose one of {sorted(PROFILES)} "

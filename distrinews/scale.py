@@ -243,7 +243,7 @@ def main(argv=None):
             study = open_study(storage, args.study, args.startup_trials, warmup_epochs=args.warmup_epochs)
             tune_worker(study, args.trials, cfg)
         else:
-            if args.global_batch_size:  # as train_ddp.py's flag: split over the workers
+            if args.global_batch_size is not None:  # as train_ddp.py's flag: split over the workers
                 cfg.batch_size = per_rank_batch_size(args.global_batch_size, args.num_workers, cfg.grad_accum)
             start_ray(args.address, quiet=False)  # the workers' logs on this terminal
             result = train_with_ray(cfg, args.num_workers, args.max_failures, args.storage_path)

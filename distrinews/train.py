@@ -206,9 +206,9 @@ def simulate_failure(at_step: int | None, step: int, rank: int):
 # %% ../nbs/03_single_gpu.ipynb #3992d1dd
 def per_rank_batch_size(global_batch_size: int, world_size: int, grad_accum: int = 1) -> int:
     "The per-process batch that gives `global_batch_size` rows per optimizer step over `world_size` processes."
-    if global_batch_size % (world_size * grad_accum):
+    if global_batch_size < 1 or global_batch_size % (world_size * grad_accum):
         raise ValueError(
-            f"global batch size {global_batch_size} is not divisible by world size {world_size} x gradient "
+            f"global batch size {global_batch_size} is not a positive multiple of world size {world_size} x gradient "
             f"accumulation {grad_accum}. Choose a multiple of {world_size * grad_accum}, or another number of workers."
         )
     return global_batch_size // (world_size * grad_accum)

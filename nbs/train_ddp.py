@@ -178,7 +178,7 @@ def main(argv=None):
     backend = "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"  # Windows has no NCCL
     dist.init_process_group(backend, **init_options(args.timeout, device))
     try:
-        if args.global_batch_size:
+        if args.global_batch_size is not None:
             cfg.batch_size = per_rank_batch_size(args.global_batch_size, dist.get_world_size(), cfg.grad_accum)
         train(cfg, device, args.resume, args.simulate_failure_at_step, None, args.report_to, args.profile_steps)
         dist.barrier()  # leave together: a gloo rank still shutting down as its peers disconnect can abort (SIGABRT)

@@ -143,7 +143,7 @@ def main(argv=None):
     cfg, device = config_from_args(args), pick_device()
     if args.check:  # check the configuration and stop: one clear message before any real work
         return check_config(cfg, device)
-    if args.global_batch_size:
+    if args.global_batch_size is not None:
         cfg.batch_size = per_rank_batch_size(args.global_batch_size, 1, cfg.grad_accum)
     train(cfg, device, args.resume, args.simulate_failure_at_step, None, args.report_to, args.profile_steps)
 
