@@ -11,6 +11,7 @@ import os
 import platform
 import socket
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def init_options(timeout_s: float = 300, device: torch.device | None = None) -> 
     """The keyword arguments `train_ddp.py` adds to `init_process_group`: a timeout, so that a rank that died does not
     leave the others waiting forever; NCCL's `device_id`, which binds the group to this rank's GPU at once; and under
     torchrun's restarts a key-value store of this attempt's own (see below)."""
+    if not timeout_s > 0:  # (nan neither) else torch fails later, with a socket timeout and pages of C++ frames
+        raise ValueError(f"--timeout {timeout_s:g}: give the seconds a collective waits for a missing rank (> 0)")
     timeout = datetime.timedelta(seconds=timeout_s)
     options = dict(timeout=timeout)
     if device is not None and torch.device(device).type == "cuda":
@@ -203,8 +206,6 @@ def bandwidth_table(rows: list[dict]) -> str:
 # %% ../nbs/04_ddp.ipynb #4545d1fa
 def _allreduce_worker(rank: int, world_size: int, init: str, sizes: list[int], iters: int, warmup: int, queue):
     "One rank of `allreduce_bandwidth`: the best seconds per all-reduce of each size (the slower rank's), to `queue`."
-    import time
-
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     torch.cuda.set_device(device) if cuda else torch.set_num_threads(1)
@@ -238,8 +239,7 @@ def allreduce_bandwidth(
     bytes, count, time_us, algbw_gbs, busbw_gbs."""
     world_size = world_size or (torch.cuda.device_count() or 2)
     sizes = sizes or [4**k for k in range(6, 14)]  # 4 KiB to 64 MiB
-    ctx = torch.multiprocessing.get_context("spawn")
-    queue = ctx.SimpleQueue()
+    queue = torch.multiprocessing.get_context("spawn").SimpleQueue()
     with tempfile.TemporaryDirectory() as folder:  # a file to meet at: no port that another program could take first
         args = (world_size, Path(folder, "rendezvous").as_uri(), sizes, iters, warmup, queue)
         torch.multiprocessing.start_processes(_allreduce_worker, args=args, nprocs=world_size, start_method="spawn")
