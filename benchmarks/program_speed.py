@@ -110,6 +110,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "program_speed.json"))
     a = p.parse_args(argv)
+    if a.nproc < 1 or a.repeats < 1:  # the other flags are train_ddp.py's: it says what is wrong with them
+        p.error(f"--nproc {a.nproc}, --repeats {a.repeats}: each must be 1 or more")
     flags = ["--profile", a.profile, "--global-batch-size", str(a.global_batch_size)]
     flags += ["--train-size", str(a.train_size), "--test-size", str(a.test_size), "--epochs", str(a.epochs)]
 

@@ -147,6 +147,8 @@ def main(argv=None):
     )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "trainer_peer.json"))
     a = p.parse_args(argv)
+    if a.workers < 1 or a.repeats < 1:  # the other flags are the script's: it says what is wrong with them
+        p.error(f"--workers {a.workers}, --repeats {a.repeats}: each must be 1 or more")
     flags = ["--profile", a.profile, "--train-size", str(a.train_size), "--epochs", str(a.epochs)]
     flags += ["--global-batch-size", str(a.global_batch_size), "--lr", str(a.lr), "--precision", a.precision]
     flags += ["--report-to", "none", *(["--test-size", str(a.test_size)] if a.test_size else [])]

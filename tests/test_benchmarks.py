@@ -245,3 +245,14 @@ def test_a_trainer_ratio_inside_the_spread_is_no_result():
             overlap = v["min"] <= t["max"] and t["min"] <= v["max"]
             assert (f"{x} {side} / Trainer (the ranges overlap" if overlap else f"**{x}** {side} / Trainer") in text
     assert "(the ranges overlap: no result)" in text and "**" in text  # both cases occur in the committed results
+
+
+@pytest.mark.parametrize("script, flags, says", [
+    ("trainer_peer.py", ["--workers", "0"], "--workers 0, --repeats 3: each must be 1 or more"),
+    ("trainer_peer.py", ["--repeats", "0"], "--workers 1, --repeats 0: each must be 1 or more"),
+    ("program_speed.py", ["--nproc", "0"], "--nproc 0, --repeats 3: each must be 1 or more"),
+])  # fmt: skip
+def test_a_benchmark_refuses_no_workers_or_no_rounds_in_one_line(script, flags, says):
+    "Before any work: no workers or no rounds would end in torchrun's AssertionError or a comparison of nothing."
+    p = subprocess.run([sys.executable, BENCH / script, *flags], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.splitlines()[-1] == f"{script}: error: {says}", p.stderr
