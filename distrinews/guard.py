@@ -34,6 +34,7 @@ log = logging.getLogger("distrinews.serve")
 PREDICT_PATHS = ("/predict", "/predict/batch")
 NOSNIFF = (b"x-content-type-options", b"nosniff")
 CONNECTION = "distrinews.connection"  # scope["state"] key: the `HeaderDeadline` of the request's connection
+_TOO_LARGE = "request body is larger than the limit of {} bytes"  # the 413's detail, where the body is announced or not
 
 
 def _json(status: int, detail: str, **headers) -> JSONResponse:
@@ -70,25 +71,26 @@ def _in_time(receive, seconds: float):
 
 # %% ../nbs/16_server_defences.ipynb #10185d26023b46108eb7d9f57d49d2b3
 def body_bytes(scope, max_body_bytes: int) -> int:
-    "The memory the request's body may take: its `Content-Length` (chunked: `max_body_bytes`), at most that."
+    "The memory the request's body may take: its `Content-Length` (chunked: `max_body_bytes`)."
     headers = dict(scope["headers"])
     if b"transfer-encoding" in headers:
         return max_body_bytes
     length = headers.get(b"content-length", b"0")
-    return min(int(length), max_body_bytes) if length.isdigit() else 0
+    return int(length) if length.isdigit() else 0
 
 # %% ../nbs/16_server_defences.ipynb #7623eae2785240b9bd12b16a66d81610
 def refusal_for(scope, body: int) -> JSONResponse | None:
     "The answer that refuses this request before it is read, or None to let it through."
-    state, headers = scope["app"].state, dict(scope["headers"])
+    state, headers = scope["app"].state, dict(reversed(scope["headers"]))  # repeated: the first, as FastAPI reads
     head = len(scope["method"]) + len(scope.get("raw_path") or scope["path"]) + len(scope["query_string"])
     head += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
     if head > state.settings.max_header_bytes:
-        limit = state.settings.max_header_bytes
-        detail = f"the request line and headers take {head} bytes; the limit is {limit} bytes: send fewer headers"
-        return _json(431, detail, connection="close")
+        detail = f"the request line and headers take {head} bytes; the limit is {state.settings.max_header_bytes} bytes"
+        return _json(431, f"{detail}: send fewer headers", connection="close")
     if b"content-length" in headers and b"transfer-encoding" in headers:  # a request-smuggling trick
         return _json(400, "Content-Length and Transfer-Encoding together: send one of them", connection="close")
+    if body > state.settings.max_body_bytes:  # announced by its Content-Length: refused before a byte of it is read
+        return _json(413, _TOO_LARGE.format(state.settings.max_body_bytes), connection="close")
     retry = str(state.settings.retry_after_s)
     if state.pending_bytes + body > state.settings.max_pending_bytes:  # memory: refused before reading the body
         busy = f"server busy: the requests in progress hold {state.pending_bytes} bytes; retry in {retry} s"
@@ -99,6 +101,8 @@ def refusal_for(scope, body: int) -> JSONResponse | None:
     media = ctype.split(";")[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
         return _json(415, f"Content-Type must be application/json, not {ctype!r}: send the body as JSON")
+    if (coding := headers.get(b"content-encoding", b"identity").decode("latin-1")).lower() != "identity":
+        return _json(415, f"Content-Encoding {coding!r} is not supported: send the body uncompressed")
     batcher = state.batcher
     if state.draining:
         return _json(503, "server is shutting down", **{"Retry-After": retry, "connection": "close"})
@@ -114,10 +118,10 @@ class ErrorMessage(BaseModel):
 
 
 ERROR_RESPONSES = {
-    400: {"model": ErrorMessage, "description": "Body not valid UTF-8, or both Content-Length and Transfer-Encoding"},
+    400: {"model": ErrorMessage, "description": "Body not UTF-8 or unparseable; Content-Length and Transfer-Encoding"},
     408: {"model": ErrorMessage, "description": "Headers or body not received within their timeout"},
     413: {"model": ErrorMessage, "description": "Body larger than max_body_bytes"},
-    415: {"model": ErrorMessage, "description": "Body not sent as application/json"},
+    415: {"model": ErrorMessage, "description": "Body not sent as application/json, or sent compressed"},
     431: {"model": ErrorMessage, "description": "Request line and headers larger than max_header_bytes"},
     422: {"model": ErrorMessage, "description": "Invalid JSON or input outside the limits"},
     503: {"model": ErrorMessage, "description": "Model not loaded, server busy or shutting down (see Retry-After)"},
@@ -127,21 +131,26 @@ ERROR_RESPONSES = {
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     'FastAPI\'s own HTTP errors (400, 404, 405, 413, ...) as `{"detail": ...}`, saying what to fix where we can.'
     detail, cause = exc.detail, exc.__cause__
-    if exc.status_code == 413:
-        detail = f"request body is larger than the limit of {request.app.state.settings.max_body_bytes} bytes"
+    if exc.status_code == 413:  # a body that was not announced by its Content-Length (`refusal_for` refuses those)
+        detail = _TOO_LARGE.format(request.app.state.settings.max_body_bytes)
     elif exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
         detail = f"request body is not valid UTF-8 (bad byte at position {cause.start}); send JSON encoded as UTF-8"
+    elif exc.status_code == 400 and cause is not None:  # JSON nested thousands deep, a number of thousands of digits
+        detail = f"request body could not be read as JSON ({str(cause).split(';')[0]}): send flat JSON of strings"
     return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
 
-def _problem(e: dict) -> dict:
-    msg = f"invalid JSON: {e['ctx']['error']}" if e["type"] == "json_invalid" else e["msg"]
-    return {"loc": [str(x) for x in e["loc"]], "msg": msg, "type": e["type"]}
+def _problem(e: dict) -> dict:  # (invalid JSON: `loc` is ["body", the character where it broke])
+    msg = f"invalid JSON: {e['ctx']['error'].removesuffix(' at')}" if e["type"] == "json_invalid" else e["msg"]
+    return {"loc": [str(x)[:64] for x in e["loc"]], "msg": msg, "type": e["type"]}  # (a key can be a megabyte long)
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-    "A 422 that lists every problem: where (`loc`), what (`msg`) and its pydantic `type`; never the input itself."
-    return JSONResponse({"detail": [_problem(e) for e in exc.errors()]}, status_code=422)
+    "A 422 that lists the problems (the first 10): where (`loc`), what (`msg`), its pydantic `type`; never the input."
+    problems, errors = [], exc.errors()
+    if len(errors) > 10:  # 80,000 unknown keys must not get an answer eight times the size of the body
+        problems = [dict(loc=["body"], msg=f"{len(errors)} problems, the first 10 listed", type="too_many_errors")]
+    return JSONResponse({"detail": [_problem(e) for e in errors[:10]] + problems}, status_code=422)
 
 
 ERROR_HANDLERS = {StarletteHTTPException: http_error, RequestValidationError: invalid_request}
@@ -254,25 +263,15 @@ class RequestGuard:
 class GuardedFastAPI(FastAPI):
     """FastAPI with `RequestGuard` outermost: in front of FastAPI's own middleware too (its 413 gets `nosniff` as well),
     and `CountRequests` in front of it. Its errors answer with `ERROR_HANDLERS` (unless it is given others). Its
-    `state.metrics` watch the batcher and the model that its `lifespan` starts."""
+    `state.metrics` are the server's Prometheus metrics (`ServerMetrics`)."""
 
-    def __init__(self, lifespan=None, **kwargs):
-        super().__init__(**{"exception_handlers": ERROR_HANDLERS, **kwargs}, lifespan=lifespan and _watched(lifespan))
+    def __init__(self, **kwargs):
+        super().__init__(**{"exception_handlers": ERROR_HANDLERS, **kwargs})
         self.state.metrics = ServerMetrics(self.state)
 
     def build_middleware_stack(self):
         routes = {route.path for route in self.routes}
         return CountRequests(RequestGuard(super().build_middleware_stack()), self.state.metrics, routes)
-
-
-def _watched(lifespan):
-    @contextlib.asynccontextmanager
-    async def watched(app):
-        async with lifespan(app) as state:
-            app.state.metrics.watch(app.state.batcher, app.state.classifier)
-            yield state
-
-    return watched
 
 # %% ../nbs/16_server_defences.ipynb #938c804e27f84196a10c8828c723f798
 _TIMEOUT_BODY = b'{"detail": "the request did not arrive in time"}'
@@ -324,11 +323,9 @@ class HeaderDeadline(asyncio.Protocol):
 
     def head_arrived(self):
         if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+            self.timer.cancel()  # (a timer that has run, or was cancelled already: nothing happens)
 
     def too_slow(self):
-        self.timer = None
         if not self.transport.is_closing():
             client = ":".join(map(str, (self.client or ("-", 0))[:2]))
             log.info("%s - 408 Request Timeout: the request's headers did not arrive within %g s", client, self.timeout)
@@ -393,7 +390,6 @@ async def answer_or_499(request: Request, future: Future, texts: int):
         gone.cancel()
     client = ":".join(map(str, request.client or ("-", 0)))  # the client went away: nobody reads an answer
     what = "dropped before their forward pass" if future.cancelled() else "computed: their forward pass had begun"
-    log.info(
-        '%s - "%s %s" 499 client disconnected; its %d text(s) %s', client, request.method, request.url.path, texts, what
-    )
+    line = '%s - "%s %s" 499 client disconnected; its %d text(s) %s'
+    log.info(line, client, request.method, request.url.path, texts, what)
     return Response(status_code=499)

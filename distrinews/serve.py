@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import sys
+import unicodedata
 from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Literal
@@ -73,15 +74,16 @@ class ServeSettings(BaseSettings):
 
 # %% ../nbs/06_deploy.ipynb #98c106a1
 def _not_blank(text: str) -> str:
-    if not text.strip():
-        raise ValueError("text is empty or only white space")
+    if not any(unicodedata.category(c)[0] in "LNPS" for c in text):  # a letter, number, punctuation mark or symbol
+        raise ValueError("text is empty or only white space, control or invisible characters")
     return text
 
 # %% ../nbs/06_deploy.ipynb #1bbfd935
 def request_models(max_text_chars: int, max_batch_size: int):
     "The request bodies of /predict and /predict/batch, with the server's limits built in."
     example = "Oil prices climb as stocks slide on Wall Street"
-    limits = Field(min_length=1, max_length=max_text_chars, json_schema_extra={"pattern": r"\S"}, examples=[example])
+    visible = r"[\p{L}\p{N}\p{P}\p{S}]"  # in the schema: what `_not_blank` asks for
+    limits = Field(min_length=1, max_length=max_text_chars, json_schema_extra={"pattern": visible}, examples=[example])
     Text = Annotated[str, limits, AfterValidator(_not_blank)]
 
     class PredictRequest(BaseModel):
@@ -145,6 +147,7 @@ async def lifespan(app: FastAPI):
     if (clf := app.state.classifier) is not None:
         size, wait = (s.batch_max_size, s.batch_wait_ms) if s.batching else (1, 0.0)
         batcher = MicroBatcher(clf.predict_batch, size, wait, queue_limit=s.queue_limit, retry_after=s.retry_after_s)
+        app.state.metrics.watch(batcher, clf)  # /metrics: each forward pass timed, the model named (notebook 16)
         app.state.batcher, app.state.public_error = batcher.start(), None
         how = f"batching up to {size} texts / {wait:g} ms" if s.batching else "no batching"
         log.info(f"serving {clf.name} (version {clf.version}) on {clf.device}, {clf.info.get('dtype_reason')}; {how}")
@@ -206,7 +209,7 @@ def create_app(settings: ServeSettings | None = None, classifier: Classifier | N
     async def demo_page():
         return page
 
-    @app.get("/health", response_model=Health, summary="Ready (200) or not (503, and why); the model and the limits")
+    @app.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="Ready: 200, or 503 and why")
     async def health(response: Response):
         h = _health(app)
         response.status_code = 200 if h["status"] == "ok" else 503  # not ready: a platform sends it no traffic
