@@ -65,9 +65,8 @@ def init_options(timeout_s: float = 300, device: torch.device | None = None) -> 
             env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=timeout, use_libuv=libuv
         )
         attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-        options.update(
-            store=dist.PrefixStore(f"attempt_{attempt}/", store), rank=int(env["RANK"]), world_size=world_size
-        )
+        store = dist.PrefixStore(f"attempt_{attempt}/", store)
+        options.update(store=store, rank=int(env["RANK"]), world_size=world_size)
     return options
 
 
@@ -103,17 +102,19 @@ def peak_gpu_memory(device: torch.device) -> str:
     return "peak GPU memory: " + ", ".join(f"rank {r} {p.item():.2f} GiB" for r, p in enumerate(peaks))
 
 # %% ../nbs/04_ddp.ipynb #acae54e37e7d407bbb7b55eff062a284
-def register_comm_hook(ddp: DDP, name: str) -> str:
+def register_comm_hook(ddp: DDP, name: str, precision: str = "fp32") -> str:
     "Attach PyTorch's built-in DDP communication hook `name` (none|fp16|bf16|powersgd); returns the banner's words."
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if name == "none":
         return "all-reduce"
     if name in ("fp16", "bf16"):  # halve the bytes on the wire: gradients are sent in 16 bits, averaged, cast back
-        ddp.register_comm_hook(
-            None, default_hooks.fp16_compress_hook if name == "fp16" else default_hooks.bf16_compress_hook
-        )
+        hook = default_hooks.fp16_compress_hook if name == "fp16" else default_hooks.bf16_compress_hook
+        ddp.register_comm_hook(None, hook)
         return f"all-reduce of {name}-compressed gradients"
+    if name == "powersgd" and precision == "fp16":  # fp16 skips a step whose gradients overflow: PowerSGD would not
+        raise ValueError("--comm-hook powersgd with fp16: one overflowed step leaves inf in PowerSGD's memory, and "
+                         "then every step is skipped. Use --precision bf16 or fp32, or --comm-hook fp16.")  # fmt: skip
     if name == "powersgd":  # low-rank approximation of each gradient matrix, with error feedback
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)

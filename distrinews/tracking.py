@@ -107,7 +107,7 @@ def peak_flops(device, precision: str) -> tuple[float, str]:
     if torch.device(device).type == "cuda":
         name = torch.cuda.get_device_name(device)
         for gpu, (half, single) in GPU_PEAK_TFLOPS.items():
-            if gpu in name:
+            if gpu in name.replace("-", " ").split():  # a word of the name: an "L40S" is no "L4"
                 return (single if precision == "fp32" else half) * 1e12, f"{gpu} datasheet, {precision}"
     cache = Path(os.environ.get("DISTRINEWS_CACHE") or Path.home() / ".cache" / "distrinews") / "peak_flops.json"
     key = f"{socket.gethostname()} {device} {torch.get_num_threads()} threads {precision} torch {torch.__version__}"

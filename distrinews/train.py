@@ -49,9 +49,8 @@ def make_optimizer(model, lr: float, weight_decay: float, layer_lr_decay: float 
     ordered = sorted(groups.items(), key=lambda kv: -kv[0][0])  # stable: no decay keeps [decayed, not decayed]
     # fused: one kernel updates every parameter, instead of a dozen small tensor operations per parameter (on the CI
     # machine the MiniLM step went from ~160 ms to ~45 ms; the result is the same update)
-    return torch.optim.AdamW(
-        [{"params": ps, "weight_decay": wd, "lr": lr * f} for (f, wd), ps in ordered], lr=lr, fused=True
-    )
+    param_groups = [{"params": ps, "weight_decay": wd, "lr": lr * f} for (f, wd), ps in ordered]
+    return torch.optim.AdamW(param_groups, lr=lr, fused=True)
 
 # %% ../nbs/03_single_gpu.ipynb #f237604f
 def make_scheduler(optimizer, total_steps: int, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -62,12 +61,14 @@ def make_scheduler(optimizer, total_steps: int, warmup_steps: int) -> torch.opti
 def optimizer_step(optimizer, scaler, scheduler, model, max_grad_norm: float) -> torch.Tensor:
     """Unscale and clip the gradients, step the optimizer and the schedule, zero the gradients. Returns the gradients'
     norm before clipping (what the trackers log): inf or nan when they overflowed, and then with fp16 the scaler skips
-    the step (and lowers its scale)."""
+    the step (and lowers its scale), and the schedule's step with it."""
     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     grad_norm = clip_grad_norm_(model.parameters(), max_grad_norm)
+    scale = scaler.get_scale()  # (1.0 unless fp16)
     scaler.step(optimizer)
     scaler.update()
-    scheduler.step()
+    if scaler.get_scale() >= scale:  # lower: fp16 skipped the step (its gradients overflowed), so the schedule waits
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
 
@@ -161,9 +162,8 @@ def evaluate_counts(model, loader, device: torch.device, precision: str) -> torc
         with autocast(device, precision):
             logits = model(**batch).logits.float()
         counts[0] += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").double()
-        counts[1:].index_add_(
-            0, labels * n + logits.argmax(-1), torch.ones(len(labels), dtype=torch.float64, device=device)
-        )
+        ones = torch.ones(len(labels), dtype=torch.float64, device=device)
+        counts[1:].index_add_(0, labels * n + logits.argmax(-1), ones)
     return counts
 
 

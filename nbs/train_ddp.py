@@ -75,7 +75,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
     # a replica on every rank; backward() averages the gradients over the ranks, bucket by bucket, as it goes
     # gradient_as_bucket_view: the gradients live in DDP's communication buckets, one copy less per step
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
-    register_comm_hook(model, cfg.comm_hook)  # --comm-hook fp16/bf16/powersgd compresses the gradients in flight
+    register_comm_hook(model, cfg.comm_hook, precision)  # --comm-hook fp16/bf16/powersgd: gradients compressed
     raw_model = model.module  # the model inside the wrapper: what the optimizer steps and the checkpoint holds
     optimizer = make_optimizer(raw_model, cfg.lr, cfg.weight_decay, cfg.layer_lr_decay)
     total_steps = math.ceil(len(train_dl) / cfg.grad_accum) * cfg.epochs
@@ -122,12 +122,13 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             labels = batch.pop("labels")
             last_micro_batch = (i + 1) % cfg.grad_accum == 0 or i + 1 == len(train_dl)  # then the optimizer steps
+            micro_batches = min(cfg.grad_accum, len(train_dl) - i + i % cfg.grad_accum)  # fewer in the last step
             # all-reduce the gradients only on the step's last micro-batch: the switch is set before the forward pass
             with contextlib.nullcontext() if last_micro_batch else model.no_sync():
                 with autocast(device, precision):
                     logits = model(**batch).logits
                 loss = torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
-                scaler.scale(loss / cfg.grad_accum).backward()
+                scaler.scale(loss / micro_batches).backward()  # the gradient of the step's mean loss
             loss_sum, batches, samples = loss_sum + loss.detach(), batches + 1, samples + len(labels)
             run.batches_done = i + 1
             bar.update()
@@ -136,7 +137,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
                 grad_norm = optimizer_step(optimizer, scaler, scheduler, raw_model, cfg.max_grad_norm)  # clip, step
                 run.step += 1
                 steps_to_log.append((run.step, loss.detach().float(), lr, grad_norm))
-                saving = cfg.save_every and run.step % cfg.save_every == 0
+                saving = cfg.save_every and run.step % cfg.save_every == 0 and i + 1 < len(train_dl)  # the last: below
                 if run.step % cfg.log_every == 0 or saving or i + 1 == len(train_dl):
                     read_steps()  # and check that the loss is finite: a diverged run stops within --log-every steps
                 profiler.step()

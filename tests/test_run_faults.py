@@ -21,7 +21,7 @@ import sys
 
 import pytest
 import torch
-from conftest import JOB_ENV, ONE_WORKER, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, load_script
+from conftest import JOB_ENV, ONE_WORKER, ROOT, TORCHRUN, TRAIN_DDP, TRAIN_SINGLE, load_script, saved_weights
 
 from distrinews.checkpoint import CheckpointWriteError, check_writable
 from distrinews.data import DataFolderError, read_agnews_csv
@@ -180,3 +180,30 @@ def test_a_finished_ddp_run_leaves_no_wrapper_behind(tmp_path, encoder):
     p = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "wrappers left: 0" in p.stdout, p.stdout[-2000:]
+
+
+def test_the_epochs_last_short_accumulation_step_averages_its_own_micro_batches(tmp_path):
+    """40 rows in micro-batches of 8, 4 to a step: the epoch's second step has 1 micro-batch. Its loss is divided by 1,
+    not 4, so the run ends with the weights of plain batches of 32 (each step the gradient of its rows' mean loss)."""
+    same = ["--train-size", "40", "--no-group-by-length", "--dropout", "0", "--lr", "1e-3"]
+    assert train(tmp_path / "accumulated", *same, "--batch-size", "8", "--grad-accum", "4") == ""
+    assert train(tmp_path / "plain", *same, "--batch-size", "32") == ""
+    accumulated, plain = saved_weights(tmp_path / "accumulated"), saved_weights(tmp_path / "plain")
+    assert max((accumulated[k] - plain[k]).abs().max().item() for k in plain) < 1e-5  # divided by 4: 2e-4
+
+
+def test_a_run_that_dies_in_its_evaluation_reports_the_whole_epoch_when_run_again(tmp_path):
+    """A snapshot every 2 steps in an epoch of 2: the epoch's own snapshot (after its evaluation) is the only one, so a
+    run that dies in the evaluation trains the epoch again, instead of resuming at its end and reporting 0 samples."""
+    script = load_script(TRAIN_SINGLE)
+
+    def dies(*args):
+        raise RuntimeError("the evaluation died")
+
+    script.evaluate = dies
+    with pytest.raises(SystemExit, match="the evaluation died"), clear_errors("train_single.py"):
+        script.main([*TINY, "--output-dir", str(tmp_path), "--save-every", "2"])
+    assert not (tmp_path / "checkpoint").exists()  # no snapshot at the epoch's last step
+    assert train(tmp_path, "--save-every", "2") == ""
+    (epoch,) = json.loads((tmp_path / "metrics.json").read_text())
+    assert epoch["train_samples"] == 32 and epoch["train_loss"] > 0, epoch
