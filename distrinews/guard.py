@@ -34,7 +34,7 @@ log = logging.getLogger("distrinews.serve")
 PREDICT_PATHS = ("/predict", "/predict/batch")
 NOSNIFF = (b"x-content-type-options", b"nosniff")
 CONNECTION = "distrinews.connection"  # scope["state"] key: the `HeaderDeadline` of the request's connection
-_TOO_LARGE = "request body is larger than the limit of {} bytes"  # the 413's detail, where the body is announced or not
+_TOO_LARGE = "request body is larger than the limit of {} bytes"  # the 413's detail, announced or streamed
 
 
 def _json(status: int, detail: str, **headers) -> JSONResponse:
@@ -50,12 +50,13 @@ def _nosniff(send):
     return send_nosniff
 
 
-def _in_time(receive, seconds: float):
-    "`receive`, raising a 408 if the body has not all arrived `seconds` from now."
-    deadline, more_body = asyncio.get_running_loop().time() + seconds, True
+def _in_time(receive, settings):
+    "`receive`, raising a 408 if the body has not all arrived in `body_timeout_s`, and a 413 past `max_body_bytes`."
+    seconds, max_bytes = settings.body_timeout_s, settings.max_body_bytes
+    deadline, more_body, received = asyncio.get_running_loop().time() + seconds, True, 0
 
     async def receive_in_time():
-        nonlocal more_body
+        nonlocal more_body, received
         if not more_body:  # (the body is in: what comes now is `http.disconnect`, whenever the client leaves)
             return await receive()
         try:
@@ -64,7 +65,9 @@ def _in_time(receive, seconds: float):
         except TimeoutError:
             detail = f"the request's body did not arrive in time (within {seconds:g} s of its headers)"
             raise HTTPException(408, detail=detail, headers={"connection": "close"}) from None
-        more_body = message.get("more_body", False)
+        more_body, received = message.get("more_body", False), received + len(message.get("body", b""))
+        if received > max_bytes:  # streamed without a Content-Length (an announced one is refused before it is read)
+            raise HTTPException(413, detail=_TOO_LARGE.format(max_bytes), headers={"connection": "close"})
         return message
 
     return receive_in_time
@@ -129,11 +132,9 @@ ERROR_RESPONSES = {
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    'FastAPI\'s own HTTP errors (400, 404, 405, 413, ...) as `{"detail": ...}`, saying what to fix where we can.'
+    'HTTP errors (FastAPI\'s 400, 404, 405, ours) as `{"detail": ...}`, saying what to fix where we can.'
     detail, cause = exc.detail, exc.__cause__
-    if exc.status_code == 413:  # a body that was not announced by its Content-Length (`refusal_for` refuses those)
-        detail = _TOO_LARGE.format(request.app.state.settings.max_body_bytes)
-    elif exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
+    if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
         detail = f"request body is not valid UTF-8 (bad byte at position {cause.start}); send JSON encoded as UTF-8"
     elif exc.status_code == 400 and cause is not None:  # JSON nested thousands deep, a number of thousands of digits
         detail = f"request body could not be read as JSON ({str(cause).split(';')[0]}): send flat JSON of strings"
@@ -248,7 +249,7 @@ class RequestGuard:
             if refusal is not None:
                 await refusal(scope, receive, send)
             else:
-                await self.app(scope, _in_time(receive, state.settings.body_timeout_s), send)
+                await self.app(scope, _in_time(receive, state.settings), send)
         except asyncio.CancelledError:
             if not state.draining:
                 raise
@@ -261,8 +262,8 @@ class RequestGuard:
 
 
 class GuardedFastAPI(FastAPI):
-    """FastAPI with `RequestGuard` outermost: in front of FastAPI's own middleware too (its 413 gets `nosniff` as well),
-    and `CountRequests` in front of it. Its errors answer with `ERROR_HANDLERS` (unless it is given others). Its
+    """FastAPI with `RequestGuard` outermost, in front of FastAPI's own middleware too, and `CountRequests` in front of
+    it. Its errors answer with `ERROR_HANDLERS` (unless it is given others). Its
     `state.metrics` are the server's Prometheus metrics (`ServerMetrics`)."""
 
     def __init__(self, **kwargs):

@@ -26,7 +26,7 @@ def input_root() -> Path:
     return Path(os.environ.get("DISTRINEWS_KAGGLE_INPUT") or "/kaggle/input")
 
 # %% ../nbs/12_kaggle_inputs.ipynb #c12a0002
-def attached_folders(has, root: str | os.PathLike | None = None, depth: int = 5) -> list[Path]:
+def attached_folders(has, root: str | os.PathLike | None = None, depth: int = 7) -> list[Path]:
     "Folders under `root` (default `input_root()`), at most `depth` levels down, for which `has(folder)` is true."
     root = Path(root or input_root())
     found = []
@@ -93,8 +93,8 @@ def find_attached_encoder(name: str, root: str | os.PathLike | None = None) -> P
 
 # %% ../nbs/12_kaggle_inputs.ipynb #c12a0012
 def find_attached_checkpoint(output_dir: str = "", root: str | os.PathLike | None = None) -> Path | None:
-    """The checkpoint a previous notebook saved, attached as that notebook's output (/kaggle/input/<notebook>/...):
-    the one under `output_dir` (e.g. 'runs/kaggle') when there are several; None if there is none."""
+    """The checkpoint a notebook saved, attached as its output (/kaggle/input/[notebooks/<you>/]<notebook>/...): the
+    one under `output_dir` (e.g. 'runs/kaggle') when there are several; None if there is none."""
     found = attached_folders(is_course_checkpoint, root)
     if len(found) > 1 and output_dir:
         tail = Path(output_dir, "checkpoint").parts

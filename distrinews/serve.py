@@ -200,7 +200,6 @@ def create_app(settings: ServeSettings | None = None, classifier: Classifier | N
         description="News topic classification (World, Sports, Business, Sci/Tech), from the DistriNews course.",
         lifespan=lifespan,
         redirect_slashes=False,  # /health/ is a 404, not a redirect built from the Host header
-        max_body_size=settings.max_body_bytes,
     )
     app.state.settings, app.state.classifier, app.state.batcher = settings, classifier, None
     app.state.public_error, app.state.draining, app.state.pending_bytes = "server is starting", False, 0

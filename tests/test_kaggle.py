@@ -1,6 +1,7 @@
 """A Kaggle session, in pieces: AG News attached in the Kaggle dataset's layout, files found under /kaggle/input, the
 install cells, and notebooks 05/06 with no checkpoint in reach (tests/kaggle_rehearsal.sh runs every notebook whole)."""
 
+import configparser
 import importlib.util
 import json
 import os
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import papermill as pm
 import pytest
+from conftest import ROOT, load_script
 
 from distrinews.data import DataFolderError, find_data_dir, load_agnews, locate_data, read_agnews_csv
-from distrinews.kaggle import KAGGLE_HEADER, find_attached_agnews, find_attached_checkpoint
+from distrinews.kaggle import KAGGLE_HEADER, find_attached_agnews, find_attached_checkpoint, find_attached_encoder
 from distrinews.model import OFFLINE_ENCODER, get_config, packaged_encoder_dir, resolve_model_source
 
 NBS = Path(__file__).resolve().parents[1] / "nbs"
@@ -158,3 +160,33 @@ def test_on_kaggle_with_no_checkpoint_the_serving_notebooks_stop_and_say_how(not
     ran = [c for c in cells if c.get("execution_count")]
     assert len(ran) <= 10, f"{notebook} ran {len(ran)} cells before stopping: it should stop near the top"
     assert os.listdir(work) == []  # nothing written
+
+
+def test_every_requirement_is_met_by_kaggles_image_or_shipped_in_the_wheelhouse():
+    """A floor above the version in Kaggle's image (tensorboard>=2.21 against its 2.20 once) stops the offline install
+    (`pip install --no-index` finds no such version in the wheelhouse) and makes the online one replace the image's own
+    copy: each requirement is met by the image's version, or the wheelhouse ships it."""
+    from packaging.requirements import Requirement
+
+    wheelhouse = load_script(ROOT / "tools" / "wheelhouse.py")
+    config = configparser.ConfigParser()
+    config.read(ROOT / "settings.ini")
+    for line in config["DEFAULT"]["requirements"].split():
+        req = Requirement(line)
+        if req.name in wheelhouse.NOT_ON_KAGGLE[""]:
+            continue
+        assert req.specifier.contains(wheelhouse.KAGGLE_VERSIONS[req.name]), (req, wheelhouse.KAGGLE_VERSIONS[req.name])
+
+
+def test_an_attached_checkpoint_and_encoder_are_found_in_kaggles_newer_layout(tmp_path):
+    """Kaggle now mounts a notebook's output at /kaggle/input/notebooks/<owner>/<slug>/ and a model at
+    /kaggle/input/models/<owner>/<model>/<framework>/<variation>/<version>/: 6 levels down, both found."""
+    checkpoint = tmp_path / "notebooks" / "alice" / "distrinews-04" / "runs" / "kaggle" / "checkpoint"
+    encoder = tmp_path / "models" / "alice" / "distilbert-base-uncased" / "transformers" / "default" / "1"
+    for folder in (checkpoint, encoder):
+        folder.mkdir(parents=True)
+        for f in ("config.json", "model.safetensors", "tokenizer.json"):
+            (folder / f).write_text("{}")
+    (checkpoint / "run_config.json").write_text(json.dumps({"profile": "kaggle"}))
+    assert find_attached_checkpoint("runs/kaggle", tmp_path) == checkpoint
+    assert find_attached_encoder("distilbert-base-uncased", tmp_path) == encoder

