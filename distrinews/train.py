@@ -92,8 +92,8 @@ def check_finite_weights(model, step: int):
 
 # %% ../nbs/03_single_gpu.ipynb #acae54e37e7d407bbb7b55eff062a284
 def restarted() -> bool:
-    "True in a worker that torchrun has restarted after a failure (its environment counts the restarts)."
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
+    "True in a worker that torchrun restarted after a failure, or in a Slurm job requeued (each counts its restarts)."
+    return any(int(os.environ.get(name) or 0) for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
 
 
 def prepare_run(cfg: RunConfig, resume: str = "auto", tidy: bool = True) -> Path | None:

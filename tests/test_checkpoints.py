@@ -60,7 +60,12 @@ def test_fresh_acts_once_per_job(good_run, tmp_path, monkeypatch, capsys):
     assert train(run, "--fresh") == ""
     assert "resumed from" in capsys.readouterr().out
     assert json.loads((run / "checkpoint" / MANIFEST_FILE).read_text()) == sealed  # the same files, not a new run
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # the job's first attempt: --fresh starts over
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a Slurm job requeued (preempted): the same arguments, torchrun's 0
+    assert train(run, "--fresh") == ""
+    assert "resumed from" in capsys.readouterr().out
+    assert json.loads((run / "checkpoint" / MANIFEST_FILE).read_text()) == sealed
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # the job's first attempt: --fresh starts over
     assert train(run, "--fresh") == ""
     assert "resumed from" not in capsys.readouterr().out
 
