@@ -275,11 +275,13 @@ def program_speed_section(r: dict) -> list:
     for name, label in (("old", f"earlier (`{old['commit'][:7]}`)"), ("new", f"later (`{new['commit'][:7]}`)")):
         x = r["samples_per_s"][name]
         md.append(f"| {label} | {', '.join(f'{v:.2f}' for v in runs[name])} | {x['median']:.2f} | {x['spread']:.1%} |")
+    lo, hi = ({side: min(runs[side]) for side in runs}, {side: max(runs[side]) for side in runs})
+    apart = lo["new"] > hi["old"] or lo["old"] > hi["new"]  # else a difference inside the run-to-run spread
+    x = f"{r['ratio_new_over_old']:.3f}x"
+    ratio = f"**{x}** (medians)" if apart else f"{x} (medians; the ranges overlap: no result)"
     md += [
         "",
-        f"Later / earlier: **{r['ratio_new_over_old']:.3f}x** (medians); round by round: "
-        + ", ".join(f"{v:.3f}x" for v in r["ratio_per_round"])
-        + ".",
+        f"Later / earlier: {ratio}; round by round: " + ", ".join(f"{v:.3f}x" for v in r["ratio_per_round"]) + ".",
     ]
     if r.get("note"):
         md += ["", f"Note: {r['note']}."]

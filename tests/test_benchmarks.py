@@ -160,10 +160,12 @@ def test_program_speed_section_states_every_run_and_the_ratio_but_no_goal(tmp_pa
     text = report.render(results, tmp_path / "out")
     assert "| earlier (`957a4da`) | 10.00, 12.00, 11.00 | 11.00 | 18.2% |" in text
     assert "| later (`758fbf6`) | 9.00, 10.00, 11.00 | 10.00 | 20.0% |" in text
-    assert "**0.909x** (medians); round by round: 0.900x, 0.833x, 1.000x." in text
+    assert "0.909x (medians; the ranges overlap: no result); round by round: 0.900x, 0.833x, 1.000x." in text
     assert "2,048 samples per run, the same for every run" in text
     for word in ("0.95", "target", "goal", "short of", "meets the"):
         assert word not in text.lower(), word
+    (results / "program_speed.json").write_text(json.dumps(_program_speed([10.0, 12.0, 11.0], [13.0, 14.0, 15.0])))
+    assert "Later / earlier: **1.273x** (medians); round by round" in report.render(results, tmp_path / "out")
 
 
 PROGRAM_SPEED = BENCH / "results" / "program_speed.json"
