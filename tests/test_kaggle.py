@@ -108,6 +108,15 @@ def test_every_notebook_installs_the_course_first():
     assert "distrinews[scale] @ {url}" in cells["11"]
 
 
+def test_an_install_that_fails_says_what_to_do_on_kaggle(monkeypatch):
+    "Offline with no wheelhouse attached, pip fails: the cell ends with one line naming the two ways out."
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("DISTRINEWS_KAGGLE_INPUT", "/nonexistent")
+    with pytest.raises(SystemExit, match="turn on Settings > Internet, or attach the course's wheelhouse"):
+        exec(first_code_cell(NBS / "00_concepts.ipynb"), {})
+
+
 @pytest.mark.parametrize("notebook, package", [("00_concepts", "distrinews"), ("11_scale_out", "distrinews[scale]")])
 def test_an_attached_wheelhouse_is_installed_from_with_the_index_closed(notebook, package, tmp_path, monkeypatch):
     """Kaggle with the internet off: the install cell finds the wheelhouse attached as a dataset and installs with
@@ -116,7 +125,8 @@ def test_an_attached_wheelhouse_is_installed_from_with_the_index_closed(notebook
     house.mkdir(parents=True)
     (house / "distrinews-0.1.0-py3-none-any.whl").touch()
     calls = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd[5:]))  # after `python -m pip install -q`
+    installed = lambda cmd, **kw: calls.append(cmd[5:]) or subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(subprocess, "run", installed)  # records what follows `python -m pip install -q`
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # nothing installed yet
     monkeypatch.setenv("DISTRINEWS_KAGGLE_INPUT", str(tmp_path / "input"))
     monkeypatch.delenv("DISTRINEWS_INSTALL_SPEC", raising=False)
