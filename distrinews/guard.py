@@ -121,7 +121,7 @@ class ErrorMessage(BaseModel):
 
 
 ERROR_RESPONSES = {
-    400: {"model": ErrorMessage, "description": "Body not UTF-8 or unparseable; Content-Length and Transfer-Encoding"},
+    400: {"model": ErrorMessage, "description": "Non-UTF-8 or unparseable body; Content-Length with Transfer-Encoding"},
     408: {"model": ErrorMessage, "description": "Headers or body not received within their timeout"},
     413: {"model": ErrorMessage, "description": "Body larger than max_body_bytes"},
     415: {"model": ErrorMessage, "description": "Body not sent as application/json, or sent compressed"},
@@ -263,8 +263,8 @@ class RequestGuard:
 
 class GuardedFastAPI(FastAPI):
     """FastAPI with `RequestGuard` outermost, in front of FastAPI's own middleware too, and `CountRequests` in front of
-    it. Its errors answer with `ERROR_HANDLERS` (unless it is given others). Its
-    `state.metrics` are the server's Prometheus metrics (`ServerMetrics`)."""
+    it. Its errors answer with `ERROR_HANDLERS` (unless it is given others); `state.metrics` are the server's
+    Prometheus metrics (`ServerMetrics`)."""
 
     def __init__(self, **kwargs):
         super().__init__(**{"exception_handlers": ERROR_HANDLERS, **kwargs})
