@@ -196,7 +196,7 @@ def main(argv=None):
         for name in sides
     }  # fmt: skip
     ratio = summary["script"]["samples_per_s"]["median"] / summary["trainer"]["samples_per_s"]["median"]
-    accuracy_gap = summary["script"]["accuracy"]["median"] - summary["trainer"]["accuracy"]["median"]
+    accuracy_gap = report.paired_gap(dict(runs=runs), "script", "trainer")  # the median seed by seed
     seed_spread = max(summary[s]["accuracy"]["max"] - summary[s]["accuracy"]["min"] for s in ("script", "trainer"))
     within = abs(accuracy_gap) <= seed_spread if a.repeats > 1 else None  # one round: no spread measured
     verdict = {True: "within it", False: "beyond it", None: "one round: not measured"}[within]
