@@ -51,8 +51,9 @@ SelectTypeParameters=CR_CPU
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 ReturnToService=2
-# a finished job leaves the controller after 2 s (the least it takes), so that `sbatch --wait` returns promptly
-MinJobAge=2
+# a finished job leaves the controller after 10 s: `sbatch --wait` reads its exit code from that record, polling every
+# few seconds; at 2 s a loaded host's poll once came too late ("Job 2 no longer found and exit code not found", exit 0)
+MinJobAge=10
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
