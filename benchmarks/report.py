@@ -276,8 +276,7 @@ def program_speed_section(r: dict) -> list:
     for name, label in (("old", f"earlier (`{old['commit'][:7]}`)"), ("new", f"later (`{new['commit'][:7]}`)")):
         x = r["samples_per_s"][name]
         md.append(f"| {label} | {', '.join(f'{v:.2f}' for v in runs[name])} | {x['median']:.2f} | {x['spread']:.1%} |")
-    lo, hi = ({side: min(runs[side]) for side in runs}, {side: max(runs[side]) for side in runs})
-    apart = lo["new"] > hi["old"] or lo["old"] > hi["new"]  # else a difference inside the run-to-run spread
+    apart = ranges_apart(runs["new"], runs["old"])
     x = f"{r['ratio_new_over_old']:.3f}x"
     ratio = f"**{x}** (medians)" if apart else f"{x} (medians; the ranges overlap: no result)"
     md += [
@@ -297,11 +296,16 @@ def paired_gap(r: dict, side: str, other: str) -> float:
     return statistics.median(accuracy[side, s] - accuracy[other, s] for s in seeds)
 
 
+def ranges_apart(a: list[float], b: list[float]) -> bool:
+    "True where every run of one side beat every run of the other: else the gap is inside the run-to-run spread."
+    return min(a) > max(b) or min(b) > max(a)
+
+
 def versus(r: dict, side: str, other: str) -> str:
     "`side`'s median samples/s over `other`'s: bold only where their ranges do not overlap (else no result)."
     v, o = (r["summary"][k]["samples_per_s"] for k in (side, other))
     x, label = f"{v['median'] / o['median']:.2f}x", f"{side} / {'Trainer' if other == 'trainer' else other}"
-    overlap = v["min"] <= o["max"] and o["min"] <= v["max"]  # a gap inside the run-to-run spread: no result
+    overlap = not ranges_apart([v["min"], v["max"]], [o["min"], o["max"]])
     return f"{x} {label} (the ranges overlap: no result)" if overlap else f"**{x}** {label}"
 
 
