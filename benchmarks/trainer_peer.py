@@ -2,9 +2,9 @@
 
 A learner's first question about a hand-written loop is "why not just use `transformers.Trainer`?". This measures
 the answer. Both sides fine-tune the same encoder from the same seed on the same rows (the script's own tokenized
-dataset), for the same epochs, batch, learning rate, linear warmup and decay, weight decay, gradient clipping, fused
-AdamW, length-grouped batches (in one process the very same batches: `Trainer` gets the script's sampler, see
-`SameBatches`), precision, threads and data loader settings (the script's `loader_options`: its
+dataset), for the same epochs, batch and micro-batches, learning rate, linear warmup and decay, weight decay,
+clipping, fused AdamW, length-grouped batches (in one process the very same batches: `Trainer` gets the script's
+sampler, see `SameBatches`), precision, threads and data loader settings (the script's `loader_options`: its
 collator, pinned memory and workers on a GPU); both are evaluated by the same code (`evaluate_counts`) on the same test
 rows. Each side as its users run it: the script with its defaults (its word embeddings frozen; in the `cpu` profile, no
 dropout), `Trainer` training every weight with the model's own dropout; `--variant=--no-freeze-word-embeddings` adds
@@ -54,6 +54,7 @@ def trainer_side(argv: list[str]):
     from distrinews.data import LengthGroupedSampler, load_tokenized_splits, loader_options
     from distrinews.model import config_from_args, pick_device, pick_precision
     from distrinews.train import evaluate_counts, load_model, metrics_from_counts, prepare_run, training_parser
+    from distrinews.train import per_rank_batch_size as per_process_batch
 
     args = training_parser("trainer_peer.py").parse_args(argv)
     cfg, world = config_from_args(args), int(os.environ.get("WORLD_SIZE", 1))
@@ -62,17 +63,19 @@ def trainer_side(argv: list[str]):
     device = pick_device(local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     precision = pick_precision(cfg.precision, device)
     prepare_run(cfg, "no")  # the script's own setup: threads, the data found, the output folder fresh
-    batch = args.global_batch_size // world if args.global_batch_size else cfg.batch_size
+    accum = cfg.grad_accum  # the script's --grad-accum: as many micro-batches per optimizer step on both sides
+    batch = per_process_batch(args.global_batch_size, world, accum) if args.global_batch_size else cfg.batch_size
     tokenizer, model = load_model(cfg, None, device)  # seeded, the same attention kernel as the script's
     model.requires_grad_(True)  # Trainer as its users run it: every weight trained (the script freezes word embeddings)
     train_ds, test_ds = load_tokenized_splits(cfg, tokenizer)
-    steps = math.ceil(math.ceil(len(train_ds) / world) / batch) * cfg.epochs
+    steps = math.ceil(math.ceil(math.ceil(len(train_ds) / world) / batch) / accum) * cfg.epochs
     loader = loader_options(tokenizer, device, precision)
     sig = TrainingArguments.__init__.__code__.co_varnames  # transformers 5 renamed two settings
     version_specific = (dict(group_by_length=True) if "group_by_length" in sig
                         else dict(train_sampling_strategy="group_by_length"))  # fmt: skip
     settings = TrainingArguments(
-        output_dir=cfg.output_dir, per_device_train_batch_size=batch, num_train_epochs=cfg.epochs, learning_rate=cfg.lr,
+        output_dir=cfg.output_dir, per_device_train_batch_size=batch, gradient_accumulation_steps=accum,
+        num_train_epochs=cfg.epochs, learning_rate=cfg.lr,
         lr_scheduler_type="linear", warmup_steps=int(cfg.warmup_ratio * steps), weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm, label_smoothing_factor=cfg.label_smoothing, optim="adamw_torch_fused",
         bf16=precision == "bf16", fp16=precision == "fp16", use_cpu=device.type == "cpu", seed=cfg.seed,
@@ -130,7 +133,9 @@ def run_once(cmd: list[str], output_dir: Path, env: dict) -> dict:
     p = subprocess.run([*cmd, "--output-dir", str(output_dir)], env=env, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"exit status {p.returncode}: {shlex.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-    m = json.loads((output_dir / "metrics.json").read_text())[-1]
+    epochs = json.loads((output_dir / "metrics.json").read_text())  # the script: a row per epoch; Trainer: one row
+    m = epochs[-1] | {k: sum(e[k] for e in epochs) for k in ("train_samples", "train_seconds")}  # the whole run
+    m["train_samples_per_s"] = m["train_samples"] / m["train_seconds"]
     keys = ("train_samples_per_s", "accuracy", "train_samples", "step", "train_seconds", "eval_count", "mfu")
     return {k: round(m[k], 4) if isinstance(m[k], float) else m[k] for k in keys if k in m}
 

@@ -249,6 +249,19 @@ def test_a_trainer_ratio_inside_the_spread_is_no_result():
     assert "(the ranges overlap: no result)" in text and "**" in text  # both cases occur in the committed results
 
 
+def test_a_run_of_several_epochs_counts_every_epoch(tmp_path, monkeypatch):
+    "The script writes a metrics row per epoch, Trainer one for the run: the comparison takes the whole run on both."
+    rows = [
+        dict(train_samples=100, train_seconds=4.0, train_samples_per_s=25.0, accuracy=0.5, step=4, eval_count=8),
+        dict(train_samples=100, train_seconds=1.0, train_samples_per_s=100.0, accuracy=0.75, step=8, eval_count=8),
+    ]
+    write = f"import sys, pathlib; pathlib.Path(sys.argv[-1], 'metrics.json').write_text({json.dumps(rows)!r})"
+    monkeypatch.syspath_prepend(BENCH)  # trainer_peer.py imports report.py from its folder
+    m = load_script(BENCH / "trainer_peer.py").run_once([sys.executable, "-c", write], tmp_path, None)
+    assert (m["train_samples"], m["train_seconds"], m["train_samples_per_s"]) == (200, 5.0, 40.0)
+    assert (m["accuracy"], m["step"]) == (0.75, 8)  # the end of the run
+
+
 @pytest.mark.parametrize("script, flags, says", [
     ("trainer_peer.py", ["--workers", "0"], "--workers 0, --repeats 3: each must be 1 or more"),
     ("trainer_peer.py", ["--repeats", "0"], "--workers 1, --repeats 0: each must be 1 or more"),
