@@ -161,7 +161,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 # %% ../nbs/01_model.ipynb #dcb45a81
 def pick_device(device: str | torch.device | None = "auto", local_rank: int = 0) -> torch.device:
     """`auto`/None: GPU `local_rank` when there are GPUs (each process of a machine its own), else the CPU; otherwise
-    the named device, which must exist."""
+    the named device, which must exist; a GPU must be one this PyTorch has kernels for."""
     if device in (None, "auto"):
         if not torch.cuda.is_available():
             return torch.device("cpu")
@@ -170,10 +170,16 @@ def pick_device(device: str | torch.device | None = "auto", local_rank: int = 0)
                 f"LOCAL_RANK {local_rank} but this machine has {torch.cuda.device_count()} GPU(s): start at most "
                 "that many processes per machine (torchrun --nproc_per_node)."
             )
-        return torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank)
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} was requested but CUDA is not available here; use 'cpu' or 'auto'.")
+    oldest = min((int(arch.split("_")[1]) for arch in torch.cuda.get_arch_list()), default=0)  # sm_70: 7.0
+    if device.type == "cuda" and 10 * (cc := torch.cuda.get_device_capability(device))[0] + cc[1] < oldest:
+        raise RuntimeError(  # e.g. Kaggle's P100: its PyTorch has no kernels for it, so the first GPU operation fails
+            f"{torch.cuda.get_device_name(device)} (compute capability {cc[0]}.{cc[1]}) is older than this PyTorch has "
+            f"kernels for ({oldest / 10}+). On Kaggle choose Settings > Accelerator > GPU T4 x2 (or L4)."
+        )
     return device
 
 # %% ../nbs/01_model.ipynb #c1e6177c

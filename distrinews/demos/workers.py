@@ -65,13 +65,8 @@ def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
     value, error = None, None
     try:
         fn, args, kwargs = pickle.loads(call)  # (cloudpickle wrote it; plain pickle reads it)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        url, timeout = f"tcp://127.0.0.1:{port}", datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size, timeout=timeout)
         value = fn(rank, world_size, *args, **kwargs)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
@@ -79,11 +74,9 @@ def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
         with contextlib.suppress(Exception):  # (a group that a failed peer broke may not close cleanly)
             if dist.is_initialized():
                 dist.destroy_process_group()
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        os.environ.update({k: v for k, v in old_env.items() if v is not None})  # the worker's own environment again
+        for k in [k for k, v in old_env.items() if v is None]:
+            os.environ.pop(k, None)
         dist.set_debug_level_from_env()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -110,9 +103,9 @@ class _Workers:
         ctx = mp.get_context("spawn")
         self.world_size, self.conns, self.procs = world_size, [], []
         for rank in range(world_size):
-            mine, theirs = ctx.Pipe()
+            mine, child = ctx.Pipe()
             p = ctx.Process(
-                target=_worker_loop, args=(rank, world_size, theirs), daemon=True, name=f"distrinews-rank{rank}"
+                target=_worker_loop, args=(rank, world_size, child), daemon=True, name=f"distrinews-rank{rank}"
             )
             p.start()
             self.conns.append(mine)
