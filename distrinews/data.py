@@ -214,15 +214,9 @@ def tokenize_dataset(ds, tokenizer, max_length: int = 128, cache_dir: str | os.P
         enc["length"] = [len(ids) for ids in enc["input_ids"]]
         return enc
 
-    return ds.map(
-        encode,
-        batched=True,
-        batch_size=1000,
-        remove_columns=["text"],
-        new_fingerprint=key,
-        cache_file_name=str(cache_dir / f"tokenized-{key}.arrow"),
-        desc="Tokenizing",
-    )
+    cache = str(cache_dir / f"tokenized-{key}.arrow")
+    return ds.map(encode, batched=True, batch_size=1000, remove_columns=["text"], new_fingerprint=key,
+                  cache_file_name=cache, desc="Tokenizing")  # fmt: skip
 
 # %% ../nbs/02_dataset.ipynb #654ab02a
 class PadBatch(DataCollatorWithPadding):

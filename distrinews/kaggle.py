@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 # %% auto #0
@@ -88,7 +89,11 @@ def find_attached_encoder(name: str, root: str | os.PathLike | None = None) -> P
     key = str(name).rstrip("/").split("/")[-1].lower()
     root = Path(root or input_root())
     fits = lambda folder: is_model_folder(folder) and not is_course_checkpoint(folder)
-    found = [p for p in attached_folders(fits, root) if key in (s.lower() for s in p.relative_to(root).parts)]
+    models = attached_folders(fits, root)
+    found = [p for p in models if key in (s.lower() for s in p.relative_to(root).parts)]
+    if models and not found:  # not taken for `name`, but not passed over in silence: offline, the hub call fails next
+        said = f"{', '.join(map(str, models))}: attached but not named {key!r}, so not used"
+        warnings.warn(f"{said}; DISTRINEWS_MODEL_NAME=<it> uses it", stacklevel=2)
     return _choose(found, f"the model {name!r}", "DISTRINEWS_MODEL_NAME=<one of them>.")
 
 # %% ../nbs/12_kaggle_inputs.ipynb #c12a0012
