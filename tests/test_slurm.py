@@ -2,7 +2,7 @@
 
 The job (one `srun` task running torchrun, 2 CPU workers) writes the checkpoint that a `torchrun --standalone` run of
 the same settings writes, tensor for tensor; a job whose training fails is a failed job (`sbatch --wait` exits
-non-zero).
+non-zero); a job sent the signal that comes 90 s before its time limit goes back to the queue and ends the same.
 
 The cluster is Debian's `munge` and `slurm-wlm` (tests/run_tests.sh installs them with apt-get where it runs as root),
 with no systemd and no cgroups: munged runs as the munge user, then `slurmctld -i` and `slurmd` read a one-node
@@ -12,6 +12,7 @@ written on, the node was idle 0.1 s after slurmctld started.
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -137,3 +138,37 @@ def test_sbatch_job_equals_torchrun(slurm, encoder, two_rank_run, tmp_path):
     bad = sbatch(slurm, tmp_path / "bad.out", *tiny, "--profile", "no-such-profile", "--output-dir", tmp_path / "bad")
     assert bad.returncode != 0, bad.stdout
     assert "Unknown profile 'no-such-profile'" in (tmp_path / "bad.out").read_text()
+
+
+def test_a_job_near_its_time_limit_requeues_itself_and_trains_as_if_uninterrupted(
+    slurm, encoder, two_rank_run, tmp_path
+):
+    """What `--signal=B:USR1@90` sends 90 s before the time limit, sent here (by `scancel`) at the job's first start:
+    the job goes back to the queue, starts again, and its checkpoint equals an uninterrupted run's tensor for tensor."""
+    out, env = tmp_path / "job.out", dict(slurm, NPROC_PER_NODE="2", RDZV_PORT=str(free_port()))
+    tiny = [*TINY, "--model-name", encoder, "--batch-size", "8", "--output-dir", tmp_path / "slurm"]
+    cmd = ["sbatch", "--wait", "--nodes", "1", "--output", out, SBATCH, *tiny]
+    job = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(600):  # the batch script's first line: its trap is set, and train_ddp.py is still importing torch
+        if started := re.search(r"job (\d+), start 1:", out.read_text() if out.exists() else ""):
+            break
+        time.sleep(0.1)
+    assert started, job.communicate(timeout=60)[0]
+    subprocess.run(["scancel", "--batch", "--signal=USR1", started[1]], env=env, check=True, timeout=30)
+    show = ["scontrol", "show", "job", started[1]]
+    for _ in range(
+        600
+    ):  # Slurm holds a requeued job a while (Reason=BeginTime, about 2 minutes): here it starts at once
+        if re.search(
+            r"JobState=PENDING .*\n.*Restarts=1 ", subprocess.run(show, env=env, capture_output=True, text=True).stdout
+        ):
+            subprocess.run(["scontrol", "update", f"JobId={started[1]}", "StartTime=now"], env=env, timeout=30)
+            break
+        time.sleep(0.1)
+    assert job.wait(timeout=300) == 0, f"{job.stdout.read()}\n{out.read_text()[-3000:]}"
+    log = out.read_text()  # both starts: --open-mode=append
+    assert "goes back to the queue, and will resume" in log and f"job {started[1]}, start 2:" in log, log[-3000:]
+    assert log.count("replicas in sync after training: True") == 1, log[-3000:]  # the second start trained
+    w_slurm, w_torchrun = saved_weights(tmp_path / "slurm"), saved_weights(two_rank_run[0])
+    assert w_slurm.keys() == w_torchrun.keys() and w_slurm
+    assert [k for k in w_slurm if not torch.equal(w_slurm[k], w_torchrun[k])] == []
