@@ -138,6 +138,10 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
         detail = f"request body is not valid UTF-8 (bad byte at position {cause.start}); send JSON encoded as UTF-8"
     elif exc.status_code == 400 and cause is not None:  # JSON nested thousands deep, a number of thousands of digits
         detail = f"request body could not be read as JSON ({str(cause).split(';')[0]}): send flat JSON of strings"
+    elif exc.status_code == 404 and detail == "Not Found":  # no such route: name the ones there are
+        detail = f"no such path; this API has {', '.join(request.app.openapi()['paths'])} (see /docs)"
+    elif exc.status_code == 405 and (allowed := (exc.headers or {}).get("Allow")):
+        detail = f"{request.method} is not allowed on {request.url.path}: use {allowed}"
     return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
 
@@ -358,16 +362,10 @@ def begin_shutdown(app: FastAPI) -> None:
 def guarded_server(app: FastAPI, settings) -> GracefulServer:
     "uvicorn serving `app` on `settings.host`:`settings.port`, with the limits of `settings` (a `ServeSettings`)."
     s, metrics = settings, getattr(app.state, "metrics", None)
-    config = uvicorn.Config(
-        app,
-        host=s.host,
-        port=s.port,
-        log_level=s.log_level,
-        http=type("HeaderDeadline", (HeaderDeadline,), dict(timeout=s.header_timeout_s, metrics=metrics)),
-        timeout_keep_alive=s.keep_alive_s,
-        h11_max_incomplete_event_size=s.max_header_bytes,
-        timeout_graceful_shutdown=s.shutdown_timeout_s,
-    )
+    http = type("HeaderDeadline", (HeaderDeadline,), dict(timeout=s.header_timeout_s, metrics=metrics))
+    config = uvicorn.Config(app, host=s.host, port=s.port, log_level=s.log_level, http=http,
+                            timeout_keep_alive=s.keep_alive_s, h11_max_incomplete_event_size=s.max_header_bytes,
+                            timeout_graceful_shutdown=s.shutdown_timeout_s)  # fmt: skip
     return GracefulServer(config)
 
 # %% ../nbs/16_server_defences.ipynb #27b3dae509c34660870842af7eac612e

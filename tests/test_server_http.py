@@ -126,7 +126,13 @@ def test_bad_input_over_http(url):
     assert r.status_code == 400 and "not valid UTF-8" in r.json()["detail"]
     r = httpx.post(url + "/predict", content=b'{"text": "a"}', headers={"content-type": "text/plain"})
     assert r.status_code == 415 and "not 'text/plain'" in r.json()["detail"]
-    assert httpx.delete(url + "/predict").status_code == 405 and httpx.get(url + "/nope").status_code == 404
+    r = httpx.delete(url + "/predict")
+    assert (r.status_code, r.json()["detail"]) == (405, "DELETE is not allowed on /predict: use POST")
+    r = httpx.get(url + "/nope")
+    assert (r.status_code, r.json()["detail"]) == (
+        404,
+        "no such path; this API has /, /health, /predict, /predict/batch (see /docs)",
+    )
 
 
 def test_body_limit_over_http(url):

@@ -490,12 +490,18 @@ BAD_INPUTS = {
         400,
         "not valid UTF-8",
     ),
-    "unknown route": ("get", "/predict/now", {}, 404, "Not Found"),
-    "trailing slash (no redirect)": ("get", "/health/", {}, 404, "Not Found"),
-    "unknown route (POST)": ("post", "/classify", dict(json={"text": "a"}), 404, "Not Found"),
-    "GET on a POST route": ("get", "/predict", {}, 405, "Method Not Allowed"),
-    "DELETE on /health": ("delete", "/health", {}, 405, "Method Not Allowed"),
-    "PUT on /predict/batch": ("put", "/predict/batch", dict(json={"texts": ["a"]}), 405, "Method Not Allowed"),
+    "unknown route": (
+        "get",
+        "/predict/now",
+        {},
+        404,
+        "no such path; this API has /, /health, /predict, /predict/batch",
+    ),
+    "trailing slash (no redirect)": ("get", "/health/", {}, 404, "no such path"),
+    "unknown route (POST)": ("post", "/classify", dict(json={"text": "a"}), 404, "no such path"),
+    "GET on a POST route": ("get", "/predict", {}, 405, "GET is not allowed on /predict: use POST"),
+    "DELETE on /health": ("delete", "/health", {}, 405, "DELETE is not allowed on /health: use GET"),
+    "PUT on /predict/batch": ("put", "/predict/batch", dict(json={"texts": ["a"]}), 405, "use POST"),
 }
 
 
