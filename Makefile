@@ -22,13 +22,13 @@ OFFLINE_ENV := $(if $(filter 1,$(OFFLINE)),HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=
 
 .PHONY: main test test-slow check format install-hooks venv readme docs course wheelhouse
 venv: $(VENV)/.installed
-$(VENV)/.installed: settings.ini setup.py deployment/requirements.txt
+$(VENV)/.installed: settings.ini setup.py deployment/requirements.txt deployment/constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch 2.13.0 first, pinned: the version the image serves with (on Linux x86, PyPI's wheel is the CUDA build)
 	$(BIN)/pip install -q torch==2.13.0 uv
-	# the image's pins (deployment/requirements.txt) constrain this environment too: the versions the tests run are the
-	# versions the Space serves with, whatever has been released since
-	grep -v '^-' deployment/requirements.txt > $(VENV)/constraints.txt
+	# the image's pins (deployment/requirements.txt and constraints.txt) constrain this environment too: the versions
+	# the tests run are the versions the Space serves with, whatever has been released since
+	grep -hv '^-' deployment/requirements.txt deployment/constraints.txt > $(VENV)/constraints.txt
 	# uv installs the other ~190 packages in parallel: 46 s where pip took 162 s (a 2-core AVX2 EPYC, both caches
 	# empty). --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, every process would compile
 	# transformers again. uv reads no pip.conf: where only pip's configured index is reachable, pip installs.

@@ -177,9 +177,18 @@ def test_space_readme_front_matter():
 
 
 def requirement_pins() -> dict[str, str]:
-    "name -> version of every `name==version` line of deployment/requirements.txt."
-    lines = (DEPLOY / "requirements.txt").read_text().splitlines()
+    "name -> version of every `name==version` line of deployment/requirements.txt and constraints.txt."
+    lines = [line for f in ("requirements.txt", "constraints.txt") for line in (DEPLOY / f).read_text().splitlines()]
     return dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
+
+
+def test_the_image_pins_all_it_installs():
+    "Not only what the server imports (requirements.txt): all that pulls in, all the way down (constraints.txt)."
+    lock = load_script(ROOT / "tools" / "lock_image.py")
+    want = lock.constraints((DEPLOY / "requirements.txt").read_text())
+    assert (DEPLOY / "constraints.txt").read_text() == want, "run .venv/bin/python tools/lock_image.py"
+    assert {"anyio", "h11", "pydantic-core", "sympy", "typing-extensions"} <= set(requirement_pins())
+    assert "-c constraints.txt" in (DEPLOY / "requirements.txt").read_text().splitlines()  # pip applies it with -r
 
 
 def test_requirements_pin_the_versions_the_course_is_tested_with():
@@ -251,6 +260,7 @@ def test_staged_space_is_a_complete_build_context(tmp_path, checkpoint):
         ".gitattributes",  # weights through Git LFS (tests/test_space_push.py)
         "Dockerfile",
         "README.md",
+        "constraints.txt",
         "distrinews",
         "model",
         "requirements.txt",
@@ -268,7 +278,8 @@ def test_staged_space_is_a_complete_build_context(tmp_path, checkpoint):
 def clean_venv(requirements: Path) -> Path:
     """A virtual environment with only `requirements` installed, cached under .cache/deploy-venv-<hash> (keyed by the
     file's content), so repeated runs cost seconds. The first build takes a few minutes."""
-    venv = CACHE / f"deploy-venv-{hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]}"
+    pins = requirements.read_bytes() + (requirements.parent / "constraints.txt").read_bytes()  # (its -c file)
+    venv = CACHE / f"deploy-venv-{hashlib.sha256(pins).hexdigest()[:12]}"
     python = venv / "bin" / "python"
     if (venv / "complete").exists():
         return venv
@@ -337,6 +348,9 @@ def test_clean_venv_has_only_the_image_requirements(image_venv):
     pins = requirement_pins()
     found = [v.split("+")[0] for v in version.stdout.split()]  # torch says 2.13.0+cpu for the pin 2.13.0
     assert found == [pins["torch"], pins["transformers"]], version.stdout + version.stderr
+    listed = subprocess.run([python, "-m", "pip", "list", "--format=json"], capture_output=True, text=True, env=env)
+    installed = {d["name"].lower().replace("_", "-"): d["version"].split("+")[0] for d in json.loads(listed.stdout)}
+    assert installed == {"pip": installed["pip"], **pins}  # all of it pinned, nothing else: constraints.txt is whole
 
 
 @pytest.mark.slow

@@ -1,0 +1,55 @@
+"""Pin all that the API image installs. deployment/requirements.txt (notebook 06 writes it) pins what the server
+imports; this writes deployment/constraints.txt, which pins every package those pull in, all the way down, each at the
+version this environment holds: the versions the tests ran with. An image built from scratch months from now then
+installs these very versions, not whatever was released since; and `make venv` takes both files as its constraints.
+
+    .venv/bin/python tools/lock_image.py            # write deployment/constraints.txt
+    .venv/bin/python tools/lock_image.py --check    # exit 1 if it is not what this would write
+"""
+
+import argparse
+import importlib.metadata as md
+import sys
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deployment"
+HEADER = """\
+# What the API image's requirements.txt pulls in, each at the version the course is tested with (this environment's).
+# Written by tools/lock_image.py; write it again after changing a pin in requirements.txt (notebook 06).
+"""
+
+
+def pulled_in(names: list[str]) -> dict[str, str]:
+    "name -> installed version of every package that `names` need, all the way down (on this platform and Python)."
+    found, todo = {}, [canonicalize_name(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found[name] = md.version(name).split("+")[0]  # torch's "+cpu": the image takes it from the CPU index
+            needs = [Requirement(line) for line in md.requires(name) or []]
+            todo += [canonicalize_name(r.name) for r in needs if r.marker is None or r.marker.evaluate({"extra": ""})]
+    return found
+
+
+def constraints(requirements: str) -> str:
+    "constraints.txt for the text of requirements.txt: the versions of all its pins pull in, less the pins themselves."
+    pins = [line for line in requirements.splitlines() if "==" in line and not line.startswith("#")]
+    pinned = [canonicalize_name(line.split("==")[0]) for line in pins]
+    rest = sorted((name, v) for name, v in pulled_in(pinned).items() if name not in pinned)
+    return HEADER + "".join(f"{name}=={v}\n" for name, v in rest)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--check", action="store_true", help="only say whether constraints.txt is what this would write")
+    text = constraints((DEPLOY / "requirements.txt").read_text())
+    if p.parse_args(argv).check:
+        sys.exit(0 if (DEPLOY / "constraints.txt").read_text() == text else "stale: run tools/lock_image.py")
+    (DEPLOY / "constraints.txt").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
