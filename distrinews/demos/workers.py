@@ -103,9 +103,9 @@ class _Workers:
         ctx = mp.get_context("spawn")
         self.world_size, self.conns, self.procs = world_size, [], []
         for rank in range(world_size):
-            mine, child = ctx.Pipe()
+            mine, theirs = ctx.Pipe()
             p = ctx.Process(
-                target=_worker_loop, args=(rank, world_size, child), daemon=True, name=f"distrinews-rank{rank}"
+                target=_worker_loop, args=(rank, world_size, theirs), daemon=True, name=f"distrinews-rank{rank}"
             )
             p.start()
             self.conns.append(mine)
