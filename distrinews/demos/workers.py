@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..ddp import free_port, gloo_platform_env
+from ..ddp import gloo_platform_env
 
 # %% auto #0
 __all__ = ['RankResult', 'show_outputs', 'shutdown_workers', 'spawn_workers']
@@ -65,8 +65,9 @@ def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
     value, error = None, None
     try:
         fn, args, kwargs = pickle.loads(call)  # (cloudpickle wrote it; plain pickle reads it)
-        url, timeout = f"tcp://127.0.0.1:{port}", datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size, timeout=timeout)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)  # the one spawn_workers holds
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         value = fn(rank, world_size, *args, **kwargs)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
@@ -157,11 +158,12 @@ def spawn_workers(
         if workers is not None:
             workers.close()
         workers = _WORKERS[world_size] = _Workers(world_size)
-    port = free_port()
+    # where the ranks meet: a key-value store on a port the system picks, held from here to the end of the call
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=os.name != "nt")
     with tempfile.TemporaryDirectory(prefix="distrinews-ranks-") as d:
         logs = [os.path.join(d, f"rank{r}.log") for r in range(world_size)]
         for r, conn in enumerate(workers.conns):
-            conn.send((call, dict(env or {}), port, timeout_s, logs[r]))
+            conn.send((call, dict(env or {}), store.port, timeout_s, logs[r]))
         deadline = time.monotonic() + 2 * timeout_s + 30
         results = []
         for r, conn in enumerate(workers.conns):
