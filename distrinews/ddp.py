@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from .model import pick_device
+
 # %% auto #0
 __all__ = ['gloo_platform_env', 'init_options', 'free_port', 'parameter_fingerprint', 'replicas_in_sync', 'peak_gpu_memory',
            'register_comm_hook', 'step_profiler', 'ddp_timeline', 'plot_timeline', 'bandwidth_table',
@@ -207,8 +209,8 @@ def bandwidth_table(rows: list[dict]) -> str:
 # %% ../nbs/04_ddp.ipynb #4545d1fa
 def _allreduce_worker(rank: int, world_size: int, init: str, sizes: list[int], iters: int, warmup: int, queue):
     "One rank of `allreduce_bandwidth`: the best seconds per all-reduce of each size (the slower rank's), to `queue`."
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    device = pick_device(local_rank=rank)  # its GPU if any (one without kernels in this PyTorch: refused, saying why)
+    cuda = device.type == "cuda"
     torch.cuda.set_device(device) if cuda else torch.set_num_threads(1)
     dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world_size)
     sync = torch.cuda.synchronize if cuda else (lambda: None)  # a GPU's work is asynchronous: wait before the clock
