@@ -14,7 +14,6 @@ kernel's own dependencies are this environment's: Kaggle's kernel is an older IP
 course is an editable install of the clone).
 """
 
-import importlib.metadata as md
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +23,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from lock_image import closure  # noqa: E402  (every installed distribution some requirements need)
 from wheelhouse import NOT_ON_KAGGLE  # noqa: E402
 
 # what Kaggle's image has besides the course's requirements: pip (the install cell), Jupyter (papermill, the kernel)
@@ -40,30 +40,6 @@ def wheel_requirements(wheel: Path, extras: tuple[str, ...] = ()) -> list[str]:
     for r in wanted:
         r.marker = None  # evaluated: an `extra == "scale"` marker has done its work
     return [str(r) for r in wanted]
-
-
-def closure(roots: list[str]) -> dict[str, md.Distribution]:
-    "Every installed distribution the requirements `roots` need, transitively (markers evaluated, extras followed)."
-    found, todo = {}, [Requirement(r) for r in roots]
-    while todo:
-        req = todo.pop()
-        if req.marker and not req.marker.evaluate({"extra": ""}):
-            continue
-        key = req.name.lower().replace("_", "-")
-        try:
-            dist = md.distribution(req.name)
-        except md.PackageNotFoundError:
-            sys.exit(f"kaggle_env: {req} is required but not installed in {sys.prefix}")
-        extras = set(req.extras)
-        if key in found and not extras:
-            continue
-        found[key] = dist
-        for text in dist.requires or []:
-            sub = Requirement(text)
-            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in ("", *extras)):
-                sub.marker = None
-                todo.append(sub)
-    return found
 
 
 def main(venv: str, wheel: str, *extras: str):

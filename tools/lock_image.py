@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deployment"
 HEADER = """\
@@ -22,24 +21,36 @@ HEADER = """\
 """
 
 
-def pulled_in(names: list[str]) -> dict[str, str]:
-    "name -> installed version of every package that `names` need, all the way down (on this platform and Python)."
-    found, todo = {}, [canonicalize_name(n) for n in names]
+def closure(roots: list[str]) -> dict[str, md.Distribution]:
+    "Every installed distribution the requirements `roots` need, transitively (markers evaluated, extras followed)."
+    found, todo = {}, [Requirement(r) for r in roots]
     while todo:
-        name = todo.pop()
-        if name not in found:
-            found[name] = md.version(name).split("+")[0]  # torch's "+cpu": the image takes it from the CPU index
-            needs = [Requirement(line) for line in md.requires(name) or []]
-            todo += [canonicalize_name(r.name) for r in needs if r.marker is None or r.marker.evaluate({"extra": ""})]
+        req = todo.pop()
+        if req.marker and not req.marker.evaluate({"extra": ""}):
+            continue
+        key = req.name.lower().replace("_", "-")
+        try:
+            dist = md.distribution(req.name)
+        except md.PackageNotFoundError:
+            sys.exit(f"{req} is required but not installed in {sys.prefix}")
+        extras = set(req.extras)
+        if key in found and not extras:
+            continue
+        found[key] = dist
+        for text in dist.requires or []:
+            sub = Requirement(text)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in ("", *extras)):
+                sub.marker = None
+                todo.append(sub)
     return found
 
 
 def constraints(requirements: str) -> str:
     "constraints.txt for the text of requirements.txt: the versions of all its pins pull in, less the pins themselves."
     pins = [line for line in requirements.splitlines() if "==" in line and not line.startswith("#")]
-    pinned = [canonicalize_name(line.split("==")[0]) for line in pins]
-    rest = sorted((name, v) for name, v in pulled_in(pinned).items() if name not in pinned)
-    return HEADER + "".join(f"{name}=={v}\n" for name, v in rest)
+    pinned = [line.split("==")[0].lower().replace("_", "-") for line in pins]
+    rest = sorted((name, d.version.split("+")[0]) for name, d in closure(pinned).items() if name not in pinned)
+    return HEADER + "".join(f"{name}=={v}\n" for name, v in rest)  # (torch's "+cpu": the image has it from its index)
 
 
 def main(argv=None):

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -50,7 +51,7 @@ def show_outputs(results: list[RankResult]):
 # %% ../../nbs/14_spawn_workers.ipynb #8edb47106e1a46a883d545849b8ab81b
 def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
     "In a worker: capture output, join a fresh process group, run the function, leave the group."
-    call, env, port, timeout_s, log_path = task
+    call, env, meet, timeout_s, log_path = task
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -66,8 +67,7 @@ def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
     try:
         fn, args, kwargs = pickle.loads(call)  # (cloudpickle wrote it; plain pickle reads it)
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)  # the one spawn_workers holds
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group("gloo", init_method=meet, rank=rank, world_size=world_size, timeout=timeout)
         value = fn(rank, world_size, *args, **kwargs)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
@@ -158,12 +158,11 @@ def spawn_workers(
         if workers is not None:
             workers.close()
         workers = _WORKERS[world_size] = _Workers(world_size)
-    # where the ranks meet: a key-value store on a port the system picks, held from here to the end of the call
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=os.name != "nt")
     with tempfile.TemporaryDirectory(prefix="distrinews-ranks-") as d:
         logs = [os.path.join(d, f"rank{r}.log") for r in range(world_size)]
+        meet = Path(d, "rendezvous").as_uri()  # a file to meet at (as allreduce_bandwidth's): no port to be taken first
         for r, conn in enumerate(workers.conns):
-            conn.send((call, dict(env or {}), store.port, timeout_s, logs[r]))
+            conn.send((call, dict(env or {}), meet, timeout_s, logs[r]))
         deadline = time.monotonic() + 2 * timeout_s + 30
         results = []
         for r, conn in enumerate(workers.conns):
