@@ -140,34 +140,45 @@ def test_sbatch_job_equals_torchrun(slurm, encoder, two_rank_run, tmp_path):
     assert "Unknown profile 'no-such-profile'" in (tmp_path / "bad.out").read_text()
 
 
+def job_state(env, job_id: str) -> tuple[str, int]:
+    "A job's JobState and Restarts, as `scontrol show job` prints them (a finished job's for MinJobAge seconds)."
+    shown = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
+    return re.search(r"JobState=(\w+)", shown)[1], int(re.search(r"Restarts=(\d+)", shown)[1])
+
+
+def wait_until(done, what: str, timeout=60.0):
+    "Poll `done()` every 0.1 s until it is true; fail naming `what` after `timeout` seconds."
+    for _ in range(int(timeout * 10)):
+        if done():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"{what} did not happen in {timeout:.0f} s")
+
+
 def test_a_job_near_its_time_limit_requeues_itself_and_trains_as_if_uninterrupted(
     slurm, encoder, two_rank_run, tmp_path
 ):
     """What `--signal=B:USR1@90` sends 90 s before the time limit, sent here (by `scancel`) at the job's first start:
-    the job goes back to the queue, starts again, and its checkpoint equals an uninterrupted run's tensor for tensor."""
+    the job goes back to the queue, starts again, and its checkpoint equals an uninterrupted run's tensor for tensor.
+
+    Waited on with `scontrol`, not `sbatch --wait`: that polls (at 2 s, then every 5-10 s) for a job whose state counts
+    as ended, and a requeued job's does while it completes; CI's poll once came then, and sbatch exited 1 at 2 s."""
     out, env = tmp_path / "job.out", dict(slurm, NPROC_PER_NODE="2", RDZV_PORT=str(free_port()))
     tiny = [*TINY, "--model-name", encoder, "--batch-size", "8", "--output-dir", tmp_path / "slurm"]
-    cmd = ["sbatch", "--wait", "--nodes", "1", "--output", out, SBATCH, *tiny]
-    job = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for _ in range(600):  # the batch script's first line: its trap is set, and train_ddp.py is still importing torch
-        if started := re.search(r"job (\d+), start 1:", out.read_text() if out.exists() else ""):
-            break
-        time.sleep(0.1)
-    assert started, job.communicate(timeout=60)[0]
-    subprocess.run(["scancel", "--batch", "--signal=USR1", started[1]], env=env, check=True, timeout=30)
-    show = ["scontrol", "show", "job", started[1]]
-    for _ in range(
-        600
-    ):  # Slurm holds a requeued job a while (Reason=BeginTime, about 2 minutes): here it starts at once
-        if re.search(
-            r"JobState=PENDING .*\n.*Restarts=1 ", subprocess.run(show, env=env, capture_output=True, text=True).stdout
-        ):
-            subprocess.run(["scontrol", "update", f"JobId={started[1]}", "StartTime=now"], env=env, timeout=30)
-            break
-        time.sleep(0.1)
-    assert job.wait(timeout=300) == 0, f"{job.stdout.read()}\n{out.read_text()[-3000:]}"
-    log = out.read_text()  # both starts: --open-mode=append
-    assert "goes back to the queue, and will resume" in log and f"job {started[1]}, start 2:" in log, log[-3000:]
+    cmd = ["sbatch", "--parsable", "--nodes", "1", "--output", out, SBATCH, *tiny]
+    job = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    output = lambda: out.read_text() if out.exists() else ""  # noqa: E731
+    # the batch script's first line: its trap is set, and train_ddp.py is still importing torch
+    wait_until(lambda: f"job {job}, start 1:" in output(), f"job {job}'s first start")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True, timeout=30)
+    # Slurm holds a requeued job a while (Reason=BeginTime, about 2 minutes): here it starts at once
+    wait_until(lambda: job_state(env, job) == ("PENDING", 1), f"job {job}'s requeue")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True, timeout=30)
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    wait_until(lambda: job_state(env, job)[0] in ended, f"job {job}'s end, after its second start", timeout=300)
+    log = output()  # both starts: --open-mode=append
+    assert job_state(env, job) == ("COMPLETED", 1), log[-3000:]
+    assert "goes back to the queue, and will resume" in log and f"job {job}, start 2:" in log, log[-3000:]
     assert log.count("replicas in sync after training: True") == 1, log[-3000:]  # the second start trained
     w_slurm, w_torchrun = saved_weights(tmp_path / "slurm"), saved_weights(two_rank_run[0])
     assert w_slurm.keys() == w_torchrun.keys() and w_slurm
