@@ -109,11 +109,15 @@ def main(argv=None) -> dict:
     cpu_ratio = runs["new"]["server_cpu_ms_per_request"] / runs["old"]["server_cpu_ms_per_request"]
     import torch
 
+    # no machine's absolute path in a committed JSON: the checkpoint inside the clone by its path there, else its name
+    in_clone = lambda p: os.path.relpath(p, ROOT) if Path(p).resolve().is_relative_to(ROOT) else Path(p).name  # noqa: E731
     report = dict(
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; 1-min load average "
         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other jobs share the machine)",
         compared=f"this checkout ({runs['new']['commit']} + working tree) vs {runs['old']['commit']}, both batching",
-        settings=dict(vars(args), checkpoint=str(args.checkpoint)),
+        settings=dict(
+            vars(args), old_checkout=f"a checkout of {runs['old']['commit']}", checkpoint=in_clone(args.checkpoint)
+        ),
         same_model=versions["new"] == versions["old"],
         runs=runs,
         throughput_new_over_old=round(ratio, 3),

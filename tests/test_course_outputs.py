@@ -150,6 +150,13 @@ def test_outputs_are_fit_to_publish(path):
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
 
 
+def test_committed_results_hold_no_machine_path():
+    "The benchmark JSON a reader opens beside the report: paths inside the clone, never the measuring machine's."
+    results = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    found = {p.name: m.group() for p in results if (m := MACHINE_PATH.search(p.read_text()))}
+    assert results and not found, found
+
+
 def test_course_stays_small():
     tracked = subprocess.run(["git", "ls-files", "-z", "nbs"], cwd=ROOT, capture_output=True, text=True, check=True)
     size = sum((ROOT / f).stat().st_size for f in tracked.stdout.split("\0") if f and (ROOT / f).exists())
