@@ -1,8 +1,12 @@
 """Notebook 04's `train_ddp.sbatch` on a real Slurm cluster: one node on 127.0.0.1, started here and stopped afterwards.
 
 The job (one `srun` task running torchrun, 2 CPU workers) writes the checkpoint that a `torchrun --standalone` run of
-the same settings writes, tensor for tensor; a job whose training fails is a failed job (`sbatch --wait` exits
-non-zero); a job sent the signal that comes 90 s before its time limit goes back to the queue and ends the same.
+the same settings writes, tensor for tensor; a job whose training fails is a failed job (Slurm's state FAILED); a job
+sent the signal that comes 90 s before its time limit goes back to the queue and ends the same.
+
+The tests wait on a job with `scontrol show job`, polled every 0.1 s, not `sbatch --wait`: that polls at 2 s and then
+every 8 s for a job whose state counts as ended, and a requeued job's does while it completes: CI's first poll once
+came then, and sbatch exited 1 at 2 s.
 
 The cluster is Debian's `munge` and `slurm-wlm` (tests/run_tests.sh installs them with apt-get where it runs as root),
 with no systemd and no cgroups: munged runs as the munge user, then `slurmctld -i` and `slurmd` read a one-node
@@ -52,8 +56,8 @@ SelectTypeParameters=CR_CPU
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 ReturnToService=2
-# a finished job leaves the controller after 10 s: `sbatch --wait` reads its exit code from that record, polling every
-# few seconds; at 2 s a loaded host's poll once came too late ("Job 2 no longer found and exit code not found", exit 0)
+# a finished job's record stays 10 s (the tests read its state every 0.1 s); at 2 s, `sbatch --wait`'s poll once came
+# too late on a loaded host ("Job 2 no longer found and exit code not found", exit 0)
 MinJobAge=10
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -117,33 +121,18 @@ def slurm(tmp_path_factory):
             _stop(pid_file)
 
 
-def sbatch(env, out_file, *args, timeout=300) -> subprocess.CompletedProcess:
-    "Submit 04's train_ddp.sbatch on one node for 2 CPU workers and wait for the job to end (`sbatch --wait`)."
+def submit(env, out_file, *args) -> str:
+    "Submit 04's train_ddp.sbatch on one node for 2 CPU workers; returns the job's id."
     env = dict(env, NPROC_PER_NODE="2", RDZV_PORT=str(free_port()))
-    cmd = ["sbatch", "--wait", "--nodes", "1", "--output", str(out_file), str(SBATCH), *map(str, args)]
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-def test_sbatch_job_equals_torchrun(slurm, encoder, two_rank_run, tmp_path):
-    tiny = [*TINY, "--model-name", encoder, "--batch-size", "8"]
-    job = sbatch(slurm, tmp_path / "job.out", *tiny, "--output-dir", tmp_path / "slurm")
-    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-    assert job.returncode == 0, f"{job.stdout}{job.stderr}\n{log[-3000:]}"
-    assert "2 process(es) x batch 8" in log and "replicas in sync after training: True" in log, log[-3000:]
-    # the same settings under `torchrun --standalone` (conftest's 2-rank run, shared with test_ddp.py)
-    w_slurm, w_torchrun = saved_weights(tmp_path / "slurm"), saved_weights(two_rank_run[0])
-    assert w_slurm.keys() == w_torchrun.keys() and w_slurm
-    assert [k for k in w_slurm if not torch.equal(w_slurm[k], w_torchrun[k])] == []
-    # a job whose training fails is a failed job: sbatch --wait exits non-zero, and the job's output says why
-    bad = sbatch(slurm, tmp_path / "bad.out", *tiny, "--profile", "no-such-profile", "--output-dir", tmp_path / "bad")
-    assert bad.returncode != 0, bad.stdout
-    assert "Unknown profile 'no-such-profile'" in (tmp_path / "bad.out").read_text()
+    cmd = ["sbatch", "--parsable", "--nodes", "1", "--output", str(out_file), str(SBATCH), *map(str, args)]
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
 
 
 def job_state(env, job_id: str) -> tuple[str, int]:
     "A job's JobState and Restarts, as `scontrol show job` prints them (a finished job's for MinJobAge seconds)."
     shown = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
-    return re.search(r"JobState=(\w+)", shown)[1], int(re.search(r"Restarts=(\d+)", shown)[1])
+    state, restarts = re.search(r"JobState=(\w+)", shown), re.search(r"Restarts=(\d+)", shown)
+    return (state[1], int(restarts[1])) if state and restarts else ("", -1)  # "": scontrol failed this once
 
 
 def wait_until(done, what: str, timeout=60.0):
@@ -155,29 +144,46 @@ def wait_until(done, what: str, timeout=60.0):
     pytest.fail(f"{what} did not happen in {timeout:.0f} s")
 
 
+def wait_for_end(env, job_id: str, timeout=300.0) -> tuple[str, int]:
+    "Wait until the job has ended; returns its final state and restarts."
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    wait_until(lambda: job_state(env, job_id)[0] in ended, f"the end of job {job_id}", timeout)
+    return job_state(env, job_id)
+
+
+def test_sbatch_job_equals_torchrun(slurm, encoder, two_rank_run, tmp_path):
+    tiny = [*TINY, "--model-name", encoder, "--batch-size", "8"]
+    job = submit(slurm, tmp_path / "job.out", *tiny, "--output-dir", tmp_path / "slurm")
+    state = wait_for_end(slurm, job)
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert state == ("COMPLETED", 0), f"{state}\n{log[-3000:]}"
+    assert "2 process(es) x batch 8" in log and "replicas in sync after training: True" in log, log[-3000:]
+    # the same settings under `torchrun --standalone` (conftest's 2-rank run, shared with test_ddp.py)
+    w_slurm, w_torchrun = saved_weights(tmp_path / "slurm"), saved_weights(two_rank_run[0])
+    assert w_slurm.keys() == w_torchrun.keys() and w_slurm
+    assert [k for k in w_slurm if not torch.equal(w_slurm[k], w_torchrun[k])] == []
+    # a job whose training fails is a failed job, and the job's output says why
+    bad = submit(slurm, tmp_path / "bad.out", *tiny, "--profile", "no-such-profile", "--output-dir", tmp_path / "bad")
+    assert wait_for_end(slurm, bad) == ("FAILED", 0)
+    assert "Unknown profile 'no-such-profile'" in (tmp_path / "bad.out").read_text()
+
+
 def test_a_job_near_its_time_limit_requeues_itself_and_trains_as_if_uninterrupted(
     slurm, encoder, two_rank_run, tmp_path
 ):
     """What `--signal=B:USR1@90` sends 90 s before the time limit, sent here (by `scancel`) at the job's first start:
-    the job goes back to the queue, starts again, and its checkpoint equals an uninterrupted run's tensor for tensor.
-
-    Waited on with `scontrol`, not `sbatch --wait`: that polls (at 2 s, then every 5-10 s) for a job whose state counts
-    as ended, and a requeued job's does while it completes; CI's poll once came then, and sbatch exited 1 at 2 s."""
-    out, env = tmp_path / "job.out", dict(slurm, NPROC_PER_NODE="2", RDZV_PORT=str(free_port()))
-    tiny = [*TINY, "--model-name", encoder, "--batch-size", "8", "--output-dir", tmp_path / "slurm"]
-    cmd = ["sbatch", "--parsable", "--nodes", "1", "--output", out, SBATCH, *tiny]
-    job = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    the job goes back to the queue, starts again, and its checkpoint equals an uninterrupted run's tensor for tensor."""
+    out = tmp_path / "job.out"
     output = lambda: out.read_text() if out.exists() else ""  # noqa: E731
+    job = submit(slurm, out, *TINY, "--model-name", encoder, "--batch-size", "8", "--output-dir", tmp_path / "slurm")
     # the batch script's first line: its trap is set, and train_ddp.py is still importing torch
     wait_until(lambda: f"job {job}, start 1:" in output(), f"job {job}'s first start")
-    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True, timeout=30)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm, check=True, timeout=30)
     # Slurm holds a requeued job a while (Reason=BeginTime, about 2 minutes): here it starts at once
-    wait_until(lambda: job_state(env, job) == ("PENDING", 1), f"job {job}'s requeue")
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True, timeout=30)
-    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-    wait_until(lambda: job_state(env, job)[0] in ended, f"job {job}'s end, after its second start", timeout=300)
-    log = output()  # both starts: --open-mode=append
-    assert job_state(env, job) == ("COMPLETED", 1), log[-3000:]
+    wait_until(lambda: job_state(slurm, job) == ("PENDING", 1), f"job {job}'s requeue")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm, check=True, timeout=30)
+    state, log = wait_for_end(slurm, job), output()  # both starts: --open-mode=append
+    assert state == ("COMPLETED", 1), f"{state}\n{log[-3000:]}"
     assert "goes back to the queue, and will resume" in log and f"job {job}, start 2:" in log, log[-3000:]
     assert log.count("replicas in sync after training: True") == 1, log[-3000:]  # the second start trained
     w_slurm, w_torchrun = saved_weights(tmp_path / "slurm"), saved_weights(two_rank_run[0])
