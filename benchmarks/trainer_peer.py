@@ -7,10 +7,11 @@ clipping, fused AdamW, length-grouped batches (in one process the very same batc
 sampler, see `SameBatches`), precision, threads and data loader settings (the script's `loader_options`: its
 collator, pinned memory and workers on a GPU); both are evaluated by the same code (`evaluate_counts`) on the same test
 rows. Each side as its users run it: the script with its defaults (its word embeddings frozen; in the `cpu` profile, no
-dropout), `Trainer` training every weight with the model's own dropout; `--variant=--no-freeze-word-embeddings` adds
-the script training every weight too. Each run is a fresh process; the sides alternate (script, Trainer, Trainer,
-script, ...), and each round has its own seed, the same for both sides, so that each side's seed-to-seed spread is
-measured before a difference between them is called a result. Checked: both sides trained the same rows in the same
+dropout and its two lowest layers frozen), `Trainer` training every weight with the model's own dropout;
+`--variant "--freeze-layers 0 --no-freeze-word-embeddings"` adds the script training every weight too. Each run is a
+fresh process; the sides alternate (script, Trainer, Trainer, script, ...), and each round has its own seed, the same
+for both sides, so that each side's seed-to-seed spread is measured before a difference between them is called a
+result. Checked: both sides trained the same rows in the same
 number of optimizer steps.
 
 The figure of a run is its training samples/s over the epoch's loop (the script's `metrics.json`; for `Trainer`, a
@@ -221,7 +222,7 @@ def main(argv=None):
                   accuracy_gap=round(accuracy_gap, 4), accuracy_seed_spread=round(seed_spread, 4),
                   accuracy_gap_within_spread=within, other_sides_over_script=others, gpu=gpu,
                   script_freezes_word_embeddings=script.freeze_word_embeddings,
-                  script_dropout=script.dropout,
+                  script_dropout=script.dropout, script_freeze_layers=script.freeze_layers,
                   trainer_sampler="the script's" if a.workers == 1 else "Trainer's, lengths read first")  # fmt: skip
     report.save(result, a.out)  # with the machine and the date
 

@@ -90,11 +90,13 @@ def log_epoch(self: Tracker, metrics: dict):
 
 # %% ../nbs/17_tracking.ipynb #8f11b82d
 def training_flops(model, lengths) -> float:
-    "FLOPs of a training pass (3x the forward) over rows of token `lengths`: 2 per weight per token, and attention's."
-    weights = sum(p.numel() for n, p in model.named_parameters() if p.ndim > 1 and "embeddings" not in n)
-    lengths = torch.as_tensor(lengths, dtype=torch.float64)
-    cfg = model.config  # DistilBERT's n_layers and dim answer to these names too
-    return 3 * (2 * weights * lengths.sum() + 4 * cfg.num_hidden_layers * cfg.hidden_size * (lengths**2).sum()).item()
+    """FLOPs of a training pass over rows of token `lengths`: the forward (2 per weight per token, and attention's),
+    and the backward, twice the forward of what trains (it stops below the lowest trained layer: `freeze_layers`)."""
+    weights = [p for n, p in model.named_parameters() if p.ndim > 1 and "embeddings" not in n]  # matrix products
+    total, trained = sum(p.numel() for p in weights), sum(p.numel() for p in weights if p.requires_grad)
+    lengths, cfg = torch.as_tensor(lengths, dtype=torch.float64), model.config  # DistilBERT answers to these names too
+    forward = 2 * total * lengths.sum() + 4 * cfg.num_hidden_layers * cfg.hidden_size * (lengths**2).sum()
+    return ((1 + 2 * trained / total) * forward).item()  # 3x the forward where every layer trains
 
 # %% ../nbs/17_tracking.ipynb #799557ce
 # (fp16/bf16, fp32) dense TFLOP/s, the SXM card where there is one (P100: Kaggle's PCIe card); a T4 has no bf16
