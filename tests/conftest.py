@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # offline is the environment's decision; the test environment makes it here (run_tests.sh sets the same)
@@ -40,6 +41,15 @@ def load_script(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def wait_until(done, what: str = "the condition", timeout: float = 10.0, every: float = 0.005):
+    "Poll `done()` every `every` s until it is true; fail, naming `what`, after `timeout` seconds."
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen in {timeout:.0f} s")
+        time.sleep(every)
 
 
 def run_job(cmd, timeout=240) -> str:

@@ -12,14 +12,13 @@ import math
 import shutil
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
 import uvicorn
-from conftest import Payload
+from conftest import Payload, wait_until
 from fastapi.testclient import TestClient
 from pydantic_settings import CliApp
 
@@ -615,14 +614,6 @@ def _blocking(classifier):
     return clf
 
 
-def _wait_until(condition, limit=2000):
-    for _ in range(limit):
-        if condition():
-            return True
-        time.sleep(0.005)
-    raise AssertionError("condition not reached")
-
-
 @pytest.mark.parametrize("batching", [True, False])
 def test_concurrent_requests_share_forward_passes(classifier, batching):
     clf = _blocking(classifier)
@@ -639,7 +630,7 @@ def test_concurrent_requests_share_forward_passes(classifier, batching):
         threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
         for t in threads:
             t.start()
-        _wait_until(lambda: batcher.queued == 6)
+        wait_until(lambda: batcher.queued == 6)
         clf.release.set()
         for t in threads:
             t.join(30)
@@ -734,7 +725,7 @@ def test_an_abandoned_request_over_a_socket_is_not_computed(classifier, caplog):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        _wait_until(lambda: server.started)
+        wait_until(lambda: server.started)
         batcher = app.state.batcher
         running = batcher.submit(["occupies the worker"])
         assert clf.entered.wait(10)
@@ -744,8 +735,8 @@ def test_an_abandoned_request_over_a_socket_is_not_computed(classifier, caplog):
         with caplog.at_level(logging.INFO, logger="distrinews.serve"):
             with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
                 s.sendall(head.encode() + body)
-                _wait_until(lambda: batcher.queued == 1)
-            _wait_until(lambda: batcher.stats["cancelled"] == 1)  # gone from the queue as the connection closed
+                wait_until(lambda: batcher.queued == 1)
+            wait_until(lambda: batcher.stats["cancelled"] == 1)  # gone from the queue as the connection closed
         assert batcher.queued == 0
         clf.release.set()
         running.result(10)
@@ -768,7 +759,7 @@ def test_shutdown_refuses_new_work_and_finishes_or_refuses_queued(classifier):
         results = {}
         waiting = threading.Thread(target=lambda: results.update(r=c.post("/predict", json={"text": "queued"})))
         waiting.start()
-        _wait_until(lambda: batcher.queued == 1)
+        wait_until(lambda: batcher.queued == 1)
         begin_shutdown(c.app)
         h = c.get("/health")
         assert h.status_code == 503 and h.json()["error"] == "server is shutting down" and h.json()["model_loaded"]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import JOB_ENV, ROOT, TINY, saved_weights
+from conftest import JOB_ENV, ROOT, TINY, saved_weights, wait_until
 
 from distrinews.ddp import free_port
 
@@ -135,19 +135,10 @@ def job_state(env, job_id: str) -> tuple[str, int]:
     return (state[1], int(restarts[1])) if state and restarts else ("", -1)  # "": scontrol failed this once
 
 
-def wait_until(done, what: str, timeout=60.0):
-    "Poll `done()` every 0.1 s until it is true; fail naming `what` after `timeout` seconds."
-    for _ in range(int(timeout * 10)):
-        if done():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"{what} did not happen in {timeout:.0f} s")
-
-
 def wait_for_end(env, job_id: str, timeout=300.0) -> tuple[str, int]:
     "Wait until the job has ended; returns its final state and restarts."
     ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-    wait_until(lambda: job_state(env, job_id)[0] in ended, f"the end of job {job_id}", timeout)
+    wait_until(lambda: job_state(env, job_id)[0] in ended, f"the end of job {job_id}", timeout, every=0.1)
     return job_state(env, job_id)
 
 
@@ -177,10 +168,10 @@ def test_a_job_near_its_time_limit_requeues_itself_and_trains_as_if_uninterrupte
     output = lambda: out.read_text() if out.exists() else ""  # noqa: E731
     job = submit(slurm, out, *TINY, "--model-name", encoder, "--batch-size", "8", "--output-dir", tmp_path / "slurm")
     # the batch script's first line: its trap is set, and train_ddp.py is still importing torch
-    wait_until(lambda: f"job {job}, start 1:" in output(), f"job {job}'s first start")
+    wait_until(lambda: f"job {job}, start 1:" in output(), f"job {job}'s first start", 60, every=0.1)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm, check=True, timeout=30)
     # Slurm holds a requeued job a while (Reason=BeginTime, about 2 minutes): here it starts at once
-    wait_until(lambda: job_state(slurm, job) == ("PENDING", 1), f"job {job}'s requeue")
+    wait_until(lambda: job_state(slurm, job) == ("PENDING", 1), f"job {job}'s requeue", 60, every=0.1)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm, check=True, timeout=30)
     state, log = wait_for_end(slurm, job), output()  # both starts: --open-mode=append
     assert state == ("COMPLETED", 1), f"{state}\n{log[-3000:]}"
