@@ -106,10 +106,7 @@ def locate_data(data_dir: str | os.PathLike | None = None, source: str = "auto")
     Fails at once, naming the fixes, when none of them is possible."""
     if source not in ("auto", "local", "hub"):
         raise ValueError(f"source must be auto, local or hub, got {source!r}.")
-    folder = Path(data_dir).expanduser() if data_dir else None
-    if folder is None and source != "hub":
-        folder = find_data_dir()
-    folder = folder or find_attached_agnews()
+    folder = (find_data_dir(data_dir) if data_dir or source != "hub" else None) or find_attached_agnews()
     if folder is None and source == "local":
         raise DataFolderError(
             "data_source='local' but there is no AG News folder: DISTRINEWS_DATA_DIR is not set (nor data_dir=) "
@@ -172,9 +169,8 @@ def stratified_indices(labels, n: int, seed: int = 0) -> list[int]:
         raise ValueError(f"subset size must be >= 1, got {n}.")
     labels = torch.as_tensor(labels)
     g = torch.Generator().manual_seed(seed)
-    classes = labels.unique().tolist()
-    counts = {c: int((labels == c).sum()) for c in classes}
-    quota = {c: n * counts[c] / len(labels) for c in classes}
+    classes, counts = (t.tolist() for t in labels.unique(return_counts=True))
+    quota = {c: n * k / len(labels) for c, k in zip(classes, counts)}
     take = {c: int(q) for c, q in quota.items()}
     for c in sorted(classes, key=lambda c: quota[c] - take[c], reverse=True)[: n - sum(take.values())]:
         take[c] += 1

@@ -306,9 +306,7 @@ def build_classifier(name: str | os.PathLike, seed: int | None = None, dropout: 
         blank = source == RANDOM_DISTILBERT
         config = AutoConfig.for_model("distilbert", **labels) if blank else AutoConfig.from_pretrained(source, **labels)
         if dropout is not None:  # names differ by architecture (hidden_dropout_prob, attention_dropout, ...): set all
-            for key, value in config.to_dict().items():
-                if "dropout" in key and isinstance(value, float):
-                    setattr(config, key, dropout)
+            config.update({k: dropout for k, v in config.to_dict().items() if "dropout" in k and isinstance(v, float)})
         if blank:
             return AutoModelForSequenceClassification.from_config(config)
         # float32 master weights whatever the file holds (transformers 5 would keep an fp16 file's dtype, and AdamW

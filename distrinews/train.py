@@ -123,9 +123,9 @@ def load_model(cfg: RunConfig, checkpoint: Path | None = None, device: str | tor
     source = checkpoint or cfg.model_name
     model = build_classifier(source, seed=cfg.seed, dropout=cfg.dropout)
     model.get_input_embeddings().requires_grad_(not cfg.freeze_word_embeddings)  # frozen: no update, no all-reduce
-    layers = next(m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList))  # the transformer's
-    for frozen in [model.base_model.embeddings, *layers[: cfg.freeze_layers]] if cfg.freeze_layers else []:
-        frozen.requires_grad_(False)  # and no backward pass below the lowest trained layer
+    if cfg.freeze_layers:  # the embeddings and the lowest layers: no backward pass below the lowest trained layer
+        layers = next(m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList))  # the transformer's
+        torch.nn.ModuleList([model.base_model.embeddings, *layers[: cfg.freeze_layers]]).requires_grad_(False)
     # eager attention on CPUs, where SDPA's backward pass is slow (notebook 03: "The attention kernel")
     model.set_attn_implementation("sdpa" if torch.device(device).type == "cuda" else "eager")
     return load_tokenizer(source), model.to(device)

@@ -22,8 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 import safetensors.torch
-from conftest import started_server
+from conftest import http_json, started_server
 
+from distrinews.ddp import free_port
 from distrinews.inference import PROBE_TEXTS
 from distrinews.model import LABELS, OFFLINE_ENCODER, build_classifier
 
@@ -423,6 +424,21 @@ def test_bad_settings_and_a_checkpoint_it_cannot_serve_stop_with_one_line(tmp_pa
     err = capsys.readouterr().err
     assert e.value.code == 1 and len(err.splitlines()) == 1, err[-2000:]
     assert "distrinews-serve: error:" in err and "LlamaForSequenceClassification" in err
+
+
+def test_a_port_taken_before_the_server_binds_it_gets_the_server_started_on_another(checkpoint, monkeypatch):
+    # the harness picks a free port and the server binds it only after its model has loaded: another program can take
+    # it in between. Here the first port it is given is taken (a socket that listens and never answers).
+    from distrinews import harness
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        ports = iter([taken.getsockname()[1]])
+        monkeypatch.setattr(harness, "free_port", lambda host: next(ports, None) or free_port(host))
+        with started_server(checkpoint, "--threads", "1", "--device", "cpu") as server:
+            status, health = http_json(server.url + "/health")
+            assert status == 200 and health["model_loaded"], health
+            assert server.url != f"http://127.0.0.1:{taken.getsockname()[1]}"
+            assert server.log().count("address already in use") == 1, server.log()[-2000:]
 
 
 @pytest.mark.skipif(
