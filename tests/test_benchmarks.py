@@ -266,6 +266,7 @@ def test_a_run_of_several_epochs_counts_every_epoch(tmp_path, monkeypatch):
     ("trainer_peer.py", ["--workers", "0"], "--workers 0, --repeats 3: each must be 1 or more"),
     ("trainer_peer.py", ["--repeats", "0"], "--workers 1, --repeats 0: each must be 1 or more"),
     ("program_speed.py", ["--nproc", "0"], "--nproc 0, --repeats 3: each must be 1 or more"),
+    ("compile_step.py", ["--repeats", "0"], "--repeats 0, --train-size 1024: each must be 1 or more"),
 ])  # fmt: skip
 def test_a_benchmark_refuses_no_workers_or_no_rounds_in_one_line(script, flags, says):
     "Before any work: no workers or no rounds would end in torchrun's AssertionError or a comparison of nothing."
