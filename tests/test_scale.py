@@ -35,6 +35,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.slow_tier]  # Ray and PostgreSQL
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg")
+import sqlalchemy  # noqa: E402  (Optuna's own dependency)
+from conftest import wait_until  # noqa: E402
+
 from distrinews.ddp import free_port  # noqa: E402
 from distrinews.scale import SEARCHED, StorageError, open_storage, open_study  # noqa: E402
 
@@ -129,6 +132,16 @@ def states(study):
     return [t.state.name for t in study.get_trials(deepcopy=False)]
 
 
+def heartbeats(url: str) -> int:
+    "The heartbeats the study's database holds: a trial's first is written a moment after it starts RUNNING."
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as db:
+            return db.execute(sqlalchemy.text("SELECT count(*) FROM trial_heartbeats")).scalar()
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL (initdb, pg_ctl) is not installed")
 def test_two_workers_one_postgres_study_with_pruning_and_a_killed_worker(tmp_path):
     with local_postgres() as url:
@@ -147,7 +160,9 @@ def test_two_workers_one_postgres_study_with_pruning_and_a_killed_worker(tmp_pat
         # whenever trial 0 turns out stale: the check runs before every trial, and the retry is queued after trial 3)
         test_started = time.monotonic()
         a, b = worker(url, "news", 2, tmp_path / "a"), worker(url, "news", 2, tmp_path / "b")
-        time.sleep(2)  # trial 0's heartbeat has been written: it is visibly alive
+        wait_until(
+            lambda: heartbeats(url) > 0, "trial 0's first heartbeat", timeout=60, every=0.2
+        )  # it is visibly alive
         doomed.send_signal(signal.SIGKILL)
         doomed.wait()
         logs = [p.communicate(timeout=400)[0] for p in (a, b)]
