@@ -25,7 +25,7 @@ outside it on both sides. `--workers 2` runs train_ddp.py under torchrun against
     python benchmarks/trainer_peer.py --before /tmp/old-checkout
     # or the script with other flags: what one setting costs (here tracking to TensorBoard, against --report-to none)
     python benchmarks/trainer_peer.py --variant "--report-to tensorboard"
-    python benchmarks/trainer_peer.py --variant=--no-freeze-word-embeddings   # one flag alone: with `=`
+    python benchmarks/trainer_peer.py --variant=--no-group-by-length   # one flag alone: with `=`
 """
 
 import argparse

@@ -67,9 +67,12 @@ class RunConfig:
     freeze_word_embeddings: bool = True  # kept as pretrained: half of MiniLM's weights not updated nor all-reduced (04)
     freeze_layers: Annotated[int, Field(ge=0)] = 0  # the embeddings and the N lowest layers kept as pretrained (03)
 
-    def __post_init__(self):  # the ranges are in the annotations (checked by pydantic); this needs two fields
+    def __post_init__(self):  # the ranges are in the annotations (checked by pydantic); these need two fields
         if self.eval_split == "validation" and self.validation_size < 1:
             raise ValueError("eval_split='validation' needs validation_size >= 1 (training rows to hold out).")
+        if self.freeze_layers and not self.freeze_word_embeddings:  # the backward pass stops above the frozen layers
+            raise ValueError("freeze_word_embeddings=False: no gradient reaches the word embeddings below frozen "
+                             "layers (freeze_layers > 0); add --freeze-layers 0 to train every weight.")  # fmt: skip
 
 
 PROFILES = {  # what each profile changes from RunConfig's defaults; get_config adds output_dir=runs/<profile>
