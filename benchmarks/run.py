@@ -12,6 +12,7 @@ notebook in benchmarks/runs/, then render benchmarks/README.md and the PNG chart
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,8 @@ def main(argv=None):
         p.error(f"--only: choose from {sorted(MATRIX)}")
     matrix = {name: dict(params, **dict(map(parameter, a.parameter))) for name, params in matrix.items()}
     check_parameters(matrix)
+    if os.environ.get("DISTRINEWS_DATA_DIR"):  # from where this was started: the notebook runs in nbs/
+        os.environ["DISTRINEWS_DATA_DIR"] = str(Path(os.environ["DISTRINEWS_DATA_DIR"]).expanduser().resolve())
     if a.dry_run:
         print(json.dumps(matrix, indent=1))
         return None

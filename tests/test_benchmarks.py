@@ -2,6 +2,7 @@
 and the papermill driver runs end to end."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -260,6 +261,15 @@ def test_a_run_of_several_epochs_counts_every_epoch(tmp_path, monkeypatch):
     m = load_script(BENCH / "trainer_peer.py").run_once([sys.executable, "-c", write], tmp_path, None)
     assert (m["train_samples"], m["train_seconds"], m["train_samples_per_s"]) == (200, 5.0, 40.0)
     assert (m["accuracy"], m["step"]) == (0.75, 8)  # the end of the run
+
+
+def test_run_reads_a_relative_data_dir_from_where_it_was_started(monkeypatch, tmp_path):
+    "The notebook runs in nbs/: the README's relative DISTRINEWS_DATA_DIR (../shared/...) is made absolute first."
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DISTRINEWS_DATA_DIR", "../shared/data/ag_news")
+    monkeypatch.syspath_prepend(BENCH)  # run.py imports report.py from its folder
+    load_script(BENCH / "run.py").main(["--dry-run", "--only", "accuracy"])
+    assert os.environ["DISTRINEWS_DATA_DIR"] == str(tmp_path.parent / "shared" / "data" / "ag_news")
 
 
 @pytest.mark.parametrize("script, flags, says", [

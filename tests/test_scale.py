@@ -160,9 +160,8 @@ def test_two_workers_one_postgres_study_with_pruning_and_a_killed_worker(tmp_pat
         # whenever trial 0 turns out stale: the check runs before every trial, and the retry is queued after trial 3)
         test_started = time.monotonic()
         a, b = worker(url, "news", 2, tmp_path / "a"), worker(url, "news", 2, tmp_path / "b")
-        wait_until(
-            lambda: heartbeats(url) > 0, "trial 0's first heartbeat", timeout=60, every=0.2
-        )  # it is visibly alive
+        # trial 0's first heartbeat is in the database: it is visibly alive, and then goes silent
+        wait_until(lambda: heartbeats(url) > 0, "trial 0's first heartbeat", timeout=60, every=0.2)
         doomed.send_signal(signal.SIGKILL)
         doomed.wait()
         logs = [p.communicate(timeout=400)[0] for p in (a, b)]
