@@ -495,7 +495,9 @@ def render(results: Path = HERE / "results", out: Path = HERE) -> str:
             "## Our trainer vs a plain training loop",
             "",
             f"Same model (`{r['model']}`), same {r['samples']} rows, batch {r['batch_size']}, {r['timed_steps']} timed "
-            f"steps each, {r['threads']} thread(s). Machine: {_machine(r['machine'])}, torch {r['machine']['torch']}.",
+            f"steps each, {r['threads']} thread(s). Machine: {_machine(r['machine'])}, torch {r['machine']['torch']}. "
+            "The plain loop trains every weight with the model's dropout; ours as its profile has it (`cpu`: no "
+            f"dropout, the word embeddings and two lowest layers frozen; notebook 03): `{r['ours_command']}`.",
             "",
             "| loop | samples/s |",
             "|---|---:|",

@@ -208,9 +208,9 @@ def test_every_figure_in_prose_has_a_source():
 def test_the_sweep_finds_a_stale_figure():
     "The check can fail: the figures this issue found disagreeing are caught."
     assert unsourced("09_interview_prep", "an H100 trained 1,140 samples/s", "")
-    assert unsourced("08_debugging_ddp", "DDP reached 1.87x on 2 ranks", "")
+    assert unsourced("08_debugging_ddp", "DDP reached 1.97x on 2 ranks", "")
     assert unsourced("01_model", "a laptop, ~40 min", "40 rows")
-    assert not unsourced("08_debugging_ddp", "DDP reached 1.87x on 2 ranks", "speed-up 1.87x")  # the run just made
+    assert not unsourced("08_debugging_ddp", "DDP reached 1.97x on 2 ranks", "speed-up 1.97x")  # the run just made
     h100 = next(c for c in CITED if c.pattern.startswith("in fp16"))
     assert next(h100.finditer("in fp16:\n1,140 samples/s"))["fig"] != h100.expected()
 
