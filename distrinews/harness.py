@@ -41,12 +41,12 @@ def http_json(url: str, body: dict | None = None, timeout: float = 30) -> tuple[
 def server_process(*args: str, python=sys.executable, env=None, cwd=None, host="127.0.0.1", timeout: float = 180):
     """`python -m distrinews.serve ARGS` on a free port until the block ends (see above); yields its `url`, `process`
     and `log()` (what it printed so far). `env`: the whole environment; `python`: another interpreter."""
-    logfile, proc = tempfile.NamedTemporaryFile("w", prefix="distrinews-serve-", suffix=".log"), None
+    logfile, proc, tries = tempfile.NamedTemporaryFile("w", prefix="distrinews-serve-", suffix=".log"), None, 0
     server, deadline = SimpleNamespace(log=Path(logfile.name).read_text), time.monotonic() + timeout
     try:
-        while True:  # the model loads before the port opens; a port taken by then: again, on another (twice at most)
-            if proc is None or (proc.poll() is not None and 0 < server.log().count("address already in use") < 3):
-                port = free_port(host)  # free now, bound once the model has loaded: another program may be first
+        while True:  # the model loads, then the port opens; an attempt that finds it taken says so: another (3 tries)
+            if proc is None or (proc.poll() is not None and server.log().count("address already in use") == tries < 3):
+                port, tries = free_port(host), tries + 1  # free now; bound once the model has loaded
                 cmd = [str(python), "-m", "distrinews.serve", "--host", host, "--port", str(port), *args]
                 proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=cwd)
                 server.url, server.process = f"http://{host}:{port}", proc

@@ -441,6 +441,25 @@ def test_a_port_taken_before_the_server_binds_it_gets_the_server_started_on_anot
             assert server.log().count("address already in use") == 1, server.log()[-2000:]
 
 
+@pytest.mark.parametrize("then, says", [("sleep 0.3; exit 2", "exited with code 2"), ("", "exited with code 1")])
+def test_a_server_that_fails_after_a_taken_port_stops_the_wait_at_once(tmp_path, then, says):
+    # a stand-in interpreter: its first run finds the port taken; the next fails otherwise (a bad flag), or finds its
+    # port taken as well, as every run after it does: three runs in all, then the wait stops with what they printed
+    fake = tmp_path / "python"
+    fake.write_text(
+        f'#!/bin/sh\nif [ -e "$0.ran" ]; then {then or ":"}; fi\ntouch "$0.ran"\n'
+        'echo "[Errno 98] error while attempting to bind: address already in use"; exit 1\n'
+    )
+    fake.chmod(0o755)
+    from distrinews.harness import server_process
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=says) as e:
+        server_process(python=fake, timeout=20).__enter__()
+    assert time.monotonic() - started < 10  # not the 20 s timeout
+    assert str(e.value).count("address already in use") == (1 if then else 3), str(e.value)
+
+
 @pytest.mark.skipif(
     shutil.which("distrinews-serve") is None
     and not os.path.exists(os.path.join(os.path.dirname(sys.executable), "distrinews-serve")),
