@@ -327,7 +327,8 @@ def trainer_peer_section(peers: list[dict]) -> list:
         "inside its timed epoch (with datasets 5.2, 0.17 s at 1,024 rows and 1.8 s at 10,429 on the AVX512-BF16 EPYC: "
         "little beside a CPU row's minute, much beside a GPU row's 10-21 s; the GPU rows ran datasets 4.8, not "
         "measured). Since then `Trainer` gets the script's very batches in one process, and with workers its own "
-        "sampler, the lengths read before its clock starts.",
+        "sampler, the lengths read before its clock starts. A note's command is the one that ran then: with today's "
+        "`cpu` profile, `--no-freeze-word-embeddings` needs `--freeze-layers 0` beside it.",
         "",
         "| machine | precision | side | runs | samples/s | accuracy | ratio | accuracy gap by seed (seed spread) |",
         "|---|---|---|---:|---:|---:|---:|---:|",
