@@ -68,6 +68,7 @@ def _run_task(rank: int, world_size: int, task: tuple) -> tuple:
         fn, args, kwargs = pickle.loads(call)  # (cloudpickle wrote it; plain pickle reads it)
         timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group("gloo", init_method=meet, rank=rank, world_size=world_size, timeout=timeout)
+        dist.barrier()  # all connected before any rank runs fn: one that is done at once and leaves breaks a slow join
         value = fn(rank, world_size, *args, **kwargs)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
