@@ -231,6 +231,8 @@ def main(argv=None):
 
     for field in [*env_overrides(), "profile"]:  # the outputs must show the profile itself
         os.environ.pop(f"DISTRINEWS_{field.upper()}", None)
+    if os.environ.get("DISTRINEWS_DATA_DIR"):  # from where this was started: the notebooks run in nbs/
+        os.environ["DISTRINEWS_DATA_DIR"] = str(Path(os.environ["DISTRINEWS_DATA_DIR"]).expanduser().resolve())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # tqdm.auto (imported by datasets and transformers) warns in every kernel without ipywidgets; its progress bars
     # work as text anyway, and text is what a committed notebook can show (widgets render as nothing on GitHub)
