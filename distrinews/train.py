@@ -125,6 +125,8 @@ def load_model(cfg: RunConfig, checkpoint: Path | None = None, device: str | tor
     model.get_input_embeddings().requires_grad_(not cfg.freeze_word_embeddings)  # frozen: no update, no all-reduce
     if cfg.freeze_layers:  # the embeddings and the lowest layers: no backward pass below the lowest trained layer
         layers = next(m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList))  # the transformer's
+        if cfg.freeze_layers > (n := len(layers)):  # more than there are: a typo (all n: only the head trains)
+            raise ValueError(f"freeze_layers={cfg.freeze_layers}: the model has {n} layers; choose 0 to {n}.")
         torch.nn.ModuleList([model.base_model.embeddings, *layers[: cfg.freeze_layers]]).requires_grad_(False)
     # eager attention on CPUs, where SDPA's backward pass is slow (notebook 03: "The attention kernel")
     model.set_attn_implementation("sdpa" if torch.device(device).type == "cuda" else "eager")
