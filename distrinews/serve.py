@@ -58,7 +58,7 @@ class ServeSettings(BaseSettings):
     queue_limit: int = Field(256, ge=1, description="texts allowed to wait; beyond that: 503 + Retry-After")
     retry_after_s: int = Field(1, ge=1, le=3600, description="the Retry-After header of a 503")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body; beyond that: 413")
-    max_pending_bytes: int = Field(100 * 2**20, ge=1024, description="bodies in progress, by announced size: else 503")
+    max_pending_bytes: int = Field(100 * 2**20, ge=1024, description="bytes the bodies in progress hold: past it, 503")
     max_header_bytes: int = Field(16_384, ge=1024, description="largest request line and headers: beyond that, 431")
     header_timeout_s: float = Field(10, gt=0, description="a request's headers must arrive within this time: else 408")
     body_timeout_s: float = Field(30, gt=0, description="its body must arrive within this time after the headers")

@@ -257,10 +257,10 @@ def _rss_mib(pid: int) -> float:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads resident memory from /proc")
 def test_memory_stays_bounded_under_1000_connections_with_partial_bodies(server):
     """1,000 connections each announce a body of MAX_BODY (1 MiB), send as much of it as the socket takes, and wait. The
-    bodies in progress may hold MAX_BODIES * MAX_BODY bytes (64 MiB here, 100 MiB with the defaults): at most
-    MAX_BODIES of them get to the app (the others: 503 at once), so the memory that pending requests hold is at
-    most that plus uvicorn's read buffer (64 KiB) per open connection, whatever the clients do. Without the bound it
-    is up to 1 GiB."""
+    bodies in progress may hold MAX_BODIES * MAX_BODY bytes (64 MiB here, 100 MiB with the defaults), counted as they
+    arrive: once they hold that much, the others are refused with 503, so the memory that pending requests hold is
+    at most that plus uvicorn's read buffer (64 KiB) per open connection, whatever the clients do. Without the bound
+    it is up to 1 GiB."""
     pid, n = server.process.pid, 1000
     before, peak, stop = _rss_mib(pid), [0.0], threading.Event()
 
@@ -299,7 +299,7 @@ def test_memory_stays_bounded_under_1000_connections_with_partial_bodies(server)
         sampler.join()
     grown = peak[0] - before
     print(f"resident memory {before:.0f} MiB -> peak {peak[0]:.0f} MiB (+{grown:.0f}); {dict(statuses)}")
-    assert statuses["503"] > n // 2  # beyond the connection limit: refused at once, the body never read
+    assert statuses["503"] > n // 2  # beyond the bound: refused, the rest of the body never read
     # the bodies (each held twice at most while it is parsed), the read buffers, and the server's own churn
     bound = (2 * MAX_BODIES * MAX_BODY + n * 65536) / 2**20 + 48
     assert grown < bound, f"resident memory grew by {grown:.0f} MiB, more than {bound:.0f}"
@@ -308,6 +308,24 @@ def test_memory_stays_bounded_under_1000_connections_with_partial_bodies(server)
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert httpx.post(server.url + "/predict", json={"text": "still here"}).status_code == 200
+
+
+def test_clients_that_announce_bodies_and_send_nothing_lock_no_one_out(url):
+    """More clients than MAX_BODIES announce a body of MAX_BODY (by Content-Length or chunked) and send none of it. The
+    memory bound counts the bytes that have arrived, so they hold nothing: a normal request is answered at once, not
+    refused with 503 until their body deadline passes (as when announced sizes were reserved)."""
+    head = "POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{}\r\n\r\n"
+    bodies = [f"Content-Length: {MAX_BODY}", "Transfer-Encoding: chunked"]
+    socks = [socket.create_connection(_address(url), timeout=10) for _ in range(MAX_BODIES + 8)]
+    try:
+        for i, s in enumerate(socks):
+            s.sendall(head.format(bodies[i % 2]).encode())
+        time.sleep(0.3)  # < BODY_TIMEOUT: every one of them is in, waiting for its body
+        r = httpx.post(url + "/predict", json={"text": "answered while they wait"})
+        assert r.status_code == 200, r.text
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_headers_over_the_limit_are_refused(url):
