@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['log', 'PREDICT_PATHS', 'NOSNIFF', 'CONNECTION', 'ERROR_RESPONSES', 'ERROR_HANDLERS', 'REQUEST_TIMEOUT', 'refusal_for',
-           'ErrorMessage', 'http_error', 'invalid_request', 'public_error', 'ServerMetrics', 'CountRequests',
-           'RequestGuard', 'GuardedFastAPI', 'HeaderDeadline', 'GracefulServer', 'begin_shutdown', 'guarded_server',
-           'answer_or_499']
+           'ErrorMessage', 'http_error', 'invalid_request', 'server_error', 'public_error', 'ServerMetrics',
+           'CountRequests', 'RequestGuard', 'GuardedFastAPI', 'HeaderDeadline', 'GracefulServer', 'begin_shutdown',
+           'guarded_server', 'answer_or_499']
 
 # %% ../nbs/16_server_defences.ipynb #8dd0d8092fe74a7c96281538738b07e2
 import asyncio
@@ -128,6 +128,7 @@ ERROR_RESPONSES = {
     431: {"model": ErrorMessage, "description": "Request line and headers larger than max_header_bytes"},
     422: {"model": ErrorMessage, "description": "Invalid JSON or input outside the limits"},
     503: {"model": ErrorMessage, "description": "Model not loaded, server busy or shutting down (see Retry-After)"},
+    500: {"model": ErrorMessage, "description": "The server failed on the request (its log has the cause)"},
 }
 
 
@@ -158,7 +159,12 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
     return JSONResponse({"detail": [_problem(e) for e in errors[:10]] + problems}, status_code=422)
 
 
-ERROR_HANDLERS = {StarletteHTTPException: http_error, RequestValidationError: invalid_request}
+async def server_error(request: Request, exc: Exception) -> JSONResponse:
+    "Any other failure: a `500` in the same shape (Starlette then raises `exc` again, and uvicorn logs its traceback)."
+    return _json(500, "internal error: the server failed on this request; its log has the cause")
+
+
+ERROR_HANDLERS = {StarletteHTTPException: http_error, RequestValidationError: invalid_request, Exception: server_error}
 
 # %% ../nbs/16_server_defences.ipynb #540bd7863d3d45a68e62571686d4f4dc
 def public_error(message: str, checkpoint: Path | None) -> str:
