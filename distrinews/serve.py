@@ -49,12 +49,12 @@ class ServeSettings(BaseSettings):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="bf16 only where it keeps the fp32 labels")
     max_tokens: int | None = Field(None, ge=8, le=512, description="token limit (None: the checkpoint's max_length)")
-    num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default)")
+    num_threads: int | None = Field(None, ge=1, le=1024, description="torch CPU threads (None: torch's default)")
     max_text_chars: int = Field(2000, ge=1, le=100_000, description="longest text accepted, in characters")
     max_batch_size: int = Field(64, ge=1, le=4096, description="most texts in one /predict/batch request")
     batching: bool = Field(True, description="group concurrent requests into one forward pass")
     batch_max_size: int = Field(32, ge=1, le=4096, description="most texts in one forward pass")
-    batch_wait_ms: float = Field(5.0, ge=0, le=1000, description="longest wait for a batch to fill")
+    batch_wait_ms: float = Field(5.0, ge=0, le=1000, allow_inf_nan=False, description="longest wait to fill a batch")
     queue_limit: int = Field(256, ge=1, description="texts allowed to wait; beyond that: 503 + Retry-After")
     retry_after_s: int = Field(1, ge=1, le=3600, description="the Retry-After header of a 503")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body; beyond that: 413")
@@ -63,7 +63,7 @@ class ServeSettings(BaseSettings):
     header_timeout_s: float = Field(10, gt=0, description="a request's headers must arrive within this time: else 408")
     body_timeout_s: float = Field(30, gt=0, description="its body must arrive within this time after the headers")
     keep_alive_s: float = Field(5, gt=0, description="an idle keep-alive connection is closed after this time")
-    shutdown_timeout_s: float = Field(8, gt=0, description="on SIGTERM: time to finish the work in flight")
+    shutdown_timeout_s: float = Field(8, gt=0, le=3600, description="on SIGTERM: time to finish the work in flight")
 
     @model_validator(mode="after")
     def _limits_fit(self):
