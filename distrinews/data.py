@@ -119,10 +119,12 @@ def locate_data(data_dir: str | os.PathLike | None = None, source: str = "auto")
             "train.csv and test.csv, or use data_source='hub' when online."
         )
     if folder is None and hub_offline(datasets=True):
+        unset = "data_source='hub' reads only data_dir=" if source == "hub" else "DISTRINEWS_DATA_DIR is not set"
+        where = "data_dir= (--data-dir)" if source == "hub" else "DISTRINEWS_DATA_DIR"
         raise DataFolderError(
-            "No AG News data: no local copy (DISTRINEWS_DATA_DIR is not set, none is attached to this Kaggle notebook) "
+            f"No AG News data: no local copy ({unset}, none is attached to this Kaggle notebook) "
             "and the Hugging Face Hub is offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set). Either set "
-            "DISTRINEWS_DATA_DIR to a folder with train.csv and test.csv (on Kaggle: attach the AG News dataset with "
+            f"{where} to a folder with train.csv and test.csv (on Kaggle: attach the AG News dataset with "
             "Add Input), or go online (unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE) to download the `ag_news` dataset "
             "from the hub."
         )

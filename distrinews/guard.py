@@ -305,17 +305,10 @@ class HeaderDeadline(asyncio.Protocol):
         self.http.connection_made(transport)
         self.wait_for_head()
 
-    def data_received(self, data):
-        self.http.data_received(data)
-
-    def eof_received(self):
-        return self.http.eof_received()
-
-    def pause_writing(self):
-        self.http.pause_writing()
-
-    def resume_writing(self):
-        self.http.resume_writing()
+    data_received = property(lambda self: self.http.data_received)  # the other calls: uvicorn's, unchanged
+    eof_received = property(lambda self: self.http.eof_received)
+    pause_writing = property(lambda self: self.http.pause_writing)
+    resume_writing = property(lambda self: self.http.resume_writing)
 
     def connection_lost(self, exc):
         self.head_arrived()

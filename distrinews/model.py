@@ -37,7 +37,7 @@ class RunConfig:
     "Everything that defines one training run. Sizes of `None` mean 'the whole split'."
 
     profile: str = "cpu"
-    model_name: str = OFFLINE_ENCODER  # hub name, local folder, or `RANDOM_DISTILBERT`
+    model_name: Annotated[str, Field(min_length=1)] = OFFLINE_ENCODER  # hub name, local folder, or `RANDOM_DISTILBERT`
     data_source: Literal["auto", "local", "hub"] = "auto"  # auto: local when a data folder is set, else the hub
     data_dir: str | None = None  # a folder in the original AG News CSV format; default: $DISTRINEWS_DATA_DIR
     train_size: Annotated[int, Field(ge=1)] | None = None  # stratified subset of the train split
@@ -56,12 +56,12 @@ class RunConfig:
     label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0  # target probability spread over the other classes
     layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0  # each layer's lr: this x the one above's (1: all alike)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where native, fp16 on old GPUs, or fp32
-    seed: int = 42
-    output_dir: str = "runs/cpu"
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 42  # NumPy's range
+    output_dir: Annotated[str, Field(min_length=1)] = "runs/cpu"  # (an empty one would be the working folder)
     save_every: Annotated[int, Field(ge=0)] = 0  # optimizer steps between resumable checkpoints (0: at epochs' ends)
     group_by_length: bool = True  # length-grouped batches: far less padding
     dropout: Annotated[float, Field(ge=0, lt=1)] | None = None  # every dropout probability; None: the model's own
-    num_threads: Annotated[int, Field(ge=1)] | None = None  # torch CPU threads per process (None: torch's default)
+    num_threads: Annotated[int, Field(ge=1, le=1024)] | None = None  # torch CPU threads per process (None: its own)
     comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"  # DDP: none = plain all-reduce, or a hook
     log_every: Annotated[int, Field(ge=1)] = 10  # optimizer steps between reads of the loss (a GPU sync each)
     freeze_word_embeddings: bool = True  # kept as pretrained: half of MiniLM's weights not updated nor all-reduced (04)
@@ -256,6 +256,8 @@ def resolve_model_source(name: str | os.PathLike) -> str:
                 "Pass a folder written by `save_pretrained` (e.g. a DistriNews checkpoint)."
             )
         return str(Path(name).expanduser())
+    if name.startswith(("/", ".", "~")) or "\\" in name:  # a path (no hub name starts so): a folder that is not there
+        raise ModelNotAvailableError(f"{name}: no such folder. Name a model folder (save_pretrained's) or a hub model.")
     from distrinews.kaggle import find_attached_encoder
 
     if (attached := find_attached_encoder(name)) is not None:  # on Kaggle: the model attached to the notebook, if any

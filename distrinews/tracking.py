@@ -46,8 +46,11 @@ class Tracker:
             id_file = folder / "wandb_run_id"
             run_id = id_file.read_text() if step and id_file.exists() else None  # resumed: the same W&B run
             flush = wandb.Settings(x_transaction_log_flush_interval=0.5)  # on disk within 0.5 s (default 15 s)
-            self.wandb = wandb.init(project="distrinews", dir=folder, id=run_id, resume="allow", config=hparams,
-                                    settings=flush)  # fmt: skip
+            try:
+                self.wandb = wandb.init(project="distrinews", dir=folder, id=run_id, resume="allow", config=hparams,
+                                        settings=flush)  # fmt: skip
+            except wandb.errors.UsageError as e:  # no API key: `wandb login`, WANDB_API_KEY, or WANDB_MODE=offline
+                raise ValueError(f"--report-to wandb: {e}") from None
             id_file.write_text(self.wandb.id)
 
     def close(self):

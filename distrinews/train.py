@@ -240,11 +240,11 @@ def check_config(cfg: RunConfig, device: torch.device):
 @contextlib.contextmanager
 def clear_errors(prog: str):
     """End a script on a mistake with one line that names it and says what to change, not a traceback: bad settings,
-    data, checkpoints and launches. RuntimeError too: torch raises it when a peer dies or memory runs out, and for a
-    shape mismatch, so such a bug also ends in one line (call `main()` itself for its traceback)."""
+    data, checkpoints, launches, folders (OSError). RuntimeError too: torch raises it when a peer dies or memory runs
+    out, and for a shape mismatch, so such a bug also ends in one line (call `main()` itself for its traceback)."""
     try:
         yield
-    except (ValueError, RuntimeError, FileNotFoundError) as e:  # CheckpointError and DataFolderError are ValueErrors
+    except (ValueError, RuntimeError, OSError) as e:  # CheckpointError and DataFolderError are ValueErrors
         message = str(e)
         if "env://" in message:  # started without torchrun
             message += f". Start {prog} with torchrun: torchrun --standalone --nproc_per_node=2 {prog} ..."
