@@ -50,7 +50,7 @@ def server_process(*args: str, python=sys.executable, env=None, cwd=None, host="
                 cmd = [str(python), "-m", "distrinews.serve", "--host", host, "--port", str(port), *args]
                 proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=cwd)
                 server.url, server.process = f"http://{host}:{port}", proc
-            if proc.poll() is not None:
+            if proc.returncode is not None:  # what the poll above saw (a second poll could see an end it did not)
                 raise RuntimeError(f"the server exited with code {proc.returncode}:\n{server.log()[-4000:]}")
             with contextlib.suppress(OSError, ValueError):
                 if http_json(server.url + "/health", timeout=2)[0] in (200, 503):
