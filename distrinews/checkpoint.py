@@ -166,8 +166,7 @@ def load_training_state(path, map_location: str | torch.device = "cpu") -> tuple
     onto `map_location`: the CPU by default, whichever device wrote them (a GPU rank must not load rank 0's tensors
     onto GPU 0); `load_state_dict` then moves the optimizer's state next to this rank's parameters."""
     path = Path(path)
-    missing = [f for f in ("config.json", STATE_FILE, CONFIG_FILE) if not (path / f).is_file()]
-    if missing:
+    if missing := [f for f in ("config.json", STATE_FILE, CONFIG_FILE) if not (path / f).is_file()]:
         what = f"missing {', '.join(missing)}" if path.is_dir() else "it does not exist, or is not a folder"
         raise CheckpointError(
             f"{path} is not a resumable DistriNews checkpoint: {what}. Point --output-dir at a run folder written by "

@@ -143,8 +143,7 @@ def load_agnews(split: str = "train", data_dir: str | os.PathLike | None = None,
 
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
-    folder = locate_data(data_dir, source)
-    if folder is not None:
+    if (folder := locate_data(data_dir, source)) is not None:
         file = folder / f"{split}.csv"
         if not file.is_file() or file.stat().st_size == 0:
             raise DataFolderError(

@@ -84,8 +84,7 @@ def choose_dtype(
         return None, f"fp32: this {device.type} has no native bf16"
     ref = predict(model, tokenizer, list(probes), max_length=max_length, device=device)
     low = predict(model, tokenizer, list(probes), max_length=max_length, device=device, dtype=torch.bfloat16)
-    flips = [t for t, a, b in zip(probes, ref, low) if a["label"] != b["label"]]
-    if flips:
+    if flips := [t for t, a, b in zip(probes, ref, low) if a["label"] != b["label"]]:
         return None, f"fp32: bf16 changed the label of {len(flips)} of {len(probes)} probe texts"
     gap = max(abs(a["probabilities"][k] - b["probabilities"][k]) for a, b in zip(ref, low) for k in a["probabilities"])
     return torch.bfloat16, f"bf16: same labels as fp32 on {len(probes)} probe texts (max probability change {gap:.3f})"

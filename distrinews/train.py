@@ -78,8 +78,7 @@ class NonFiniteError(RuntimeError):
 def check_finite_weights(model, step: int):
     "Raise `NonFiniteError` if any parameter of `model` holds NaN or infinity (checked before every save)."
     # a sum is finite unless the tensor holds NaN or inf (or it overflows: then each element decides): a tenth the cost
-    bad = [n for n, p in model.named_parameters() if not (p.detach().sum().isfinite() or p.isfinite().all())]
-    if bad:
+    if bad := [n for n, p in model.named_parameters() if not (p.detach().sum().isfinite() or p.isfinite().all())]:
         raise NonFiniteError(
             f"{len(bad)} weight tensor(s) hold NaN or infinity at step {step} (the first: {bad[0]}): the run diverged. "
             "Nothing was saved, the last checkpoint is untouched; lower the learning rate and start over with --fresh."
@@ -248,4 +247,6 @@ def clear_errors(prog: str):
         message = str(e)
         if "env://" in message:  # started without torchrun
             message += f". Start {prog} with torchrun: torchrun --standalone --nproc_per_node=2 {prog} ..."
+        if "timed out" in message.lower():  # a collective (gloo, NCCL) waited longer than --timeout for a rank
+            message += ". A rank waited past --timeout (300 s unless set) for another: one that stopped, or a slow one"
         sys.exit(f"{prog}: error: {message}")
