@@ -520,6 +520,7 @@ def test_head_health_and_nosniff(client):
     r = client.head("/health")
     assert (r.status_code, r.content) == (200, b"")
     assert client.get("/").headers["x-content-type-options"] == "nosniff"
+    assert (client.head("/").status_code, client.head("/").content) == (200, b"")  # an uptime probe's HEAD /
     assert "head" not in client.get("/openapi.json").json()["paths"]["/health"]
 
 
