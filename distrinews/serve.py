@@ -46,7 +46,7 @@ class ServeSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="interface to listen on (0.0.0.0: every one, as in a container)")
     port: int = Field(7860, ge=0, le=65535, description="port to listen on")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$", description="auto | cpu | cuda | cuda:N | mps")
     dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="bf16 only where it keeps the fp32 labels")
     max_tokens: int | None = Field(None, ge=8, le=512, description="token limit (None: the checkpoint's max_length)")
     num_threads: int | None = Field(None, ge=1, le=1024, description="torch CPU threads (None: torch's default)")
