@@ -69,13 +69,13 @@ def _in_time(receive, state):
             detail = f"the request's body did not arrive in time (within {seconds:g} s of its headers)"
             raise HTTPException(408, detail=detail, headers={"connection": "close"}) from None
         more_body, size = message.get("more_body", False), len(message.get("body", b""))
-        receive_in_time.held += size
-        state.pending_bytes += size  # what has arrived: a client that announces a body and sends nothing holds nothing
-        if receive_in_time.held > max_bytes:  # streamed without a Content-Length (an announced one is refused at once)
+        if receive_in_time.held + size > max_bytes:  # streamed without a Content-Length (announced: refused at once)
             raise HTTPException(413, detail=_TOO_LARGE.format(max_bytes), headers={"connection": "close"})
-        if state.pending_bytes > settings.max_pending_bytes:  # memory: the bodies in progress hold too much
+        if state.pending_bytes + size > settings.max_pending_bytes:  # memory: the bodies in progress, too much
             busy = _BUSY.format(state.pending_bytes, retry)
             raise HTTPException(503, detail=busy, headers={"Retry-After": retry, "connection": "close"})
+        receive_in_time.held += size
+        state.pending_bytes += size  # what has arrived: a client that announces a body and sends nothing holds nothing
         return message
 
     receive_in_time.held = 0
@@ -237,9 +237,9 @@ class CountRequests:
 
 # %% ../nbs/16_server_defences.ipynb #b118ea5561624da68c537baed56e602f
 class RequestGuard:
-    """ASGI middleware: `refusal_for`'s answers before a route reads the request (they cost no parsing), a deadline for
-    the body (408), `nosniff` on every answer, and a 503, not uvicorn's 500, for a request that the end of a graceful
-    shutdown cancels."""
+    """ASGI middleware: `refusal_for`'s answers before a route reads the request (they cost no parsing), `_in_time`'s
+    for the body (408, 413, 503), `nosniff` on every answer, and a 503, not uvicorn's 500, for a request that the end
+    of a graceful shutdown cancels."""
 
     def __init__(self, app):
         self.app = app

@@ -256,7 +256,7 @@ def resolve_model_source(name: str | os.PathLike) -> str:
                 "Pass a folder written by `save_pretrained` (e.g. a DistriNews checkpoint)."
             )
         return str(Path(name).expanduser())
-    if name.startswith(("/", ".", "~")) or "\\" in name:  # a path (no hub name starts so): a folder that is not there
+    if name.startswith(("/", ".", "~")) or "\\" in name or name[1:2] == ":":  # a path (C:/ too): no such folder
         raise ModelNotAvailableError(f"{name}: no such folder. Name a model folder (save_pretrained's) or a hub model.")
     from distrinews.kaggle import find_attached_encoder
 

@@ -215,7 +215,7 @@ def create_app(settings: ServeSettings | None = None, classifier: Classifier | N
         return h
 
     app.head("/health", include_in_schema=False)(health)  # for health checks that send HEAD
-    app.head("/", include_in_schema=False)(demo_page)  # and uptime probes that send it to the front page
+    app.head("/", include_in_schema=False, response_class=HTMLResponse)(demo_page)  # and uptime probes (front page)
     app.get("/metrics", include_in_schema=False)(lambda: app.state.metrics.response())  # for Prometheus (notebook 16)
 
     @app.post("/predict", response_model=Prediction, responses=ERROR_RESPONSES, summary="Classify one text")

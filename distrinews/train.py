@@ -247,6 +247,6 @@ def clear_errors(prog: str):
         message = str(e)
         if "env://" in message:  # started without torchrun
             message += f". Start {prog} with torchrun: torchrun --standalone --nproc_per_node=2 {prog} ..."
-        if "timed out" in message.lower():  # a collective (gloo, NCCL) waited longer than --timeout for a rank
+        if "Timed out waiting" in message:  # gloo's words when a collective waited longer than --timeout for a rank
             message += ". A rank waited past --timeout (300 s unless set) for another: one that stopped, or a slow one"
         sys.exit(f"{prog}: error: {message}")

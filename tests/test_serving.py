@@ -520,7 +520,8 @@ def test_head_health_and_nosniff(client):
     r = client.head("/health")
     assert (r.status_code, r.content) == (200, b"")
     assert client.get("/").headers["x-content-type-options"] == "nosniff"
-    assert (client.head("/").status_code, client.head("/").content) == (200, b"")  # an uptime probe's HEAD /
+    head, page = client.head("/"), client.get("/")  # an uptime probe's HEAD /: the page's headers, no body
+    assert (head.status_code, head.content, head.headers["content-type"]) == (200, b"", page.headers["content-type"])
     assert "head" not in client.get("/openapi.json").json()["paths"]["/health"]
 
 
