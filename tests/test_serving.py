@@ -25,7 +25,7 @@ from pydantic_settings import CliApp
 from distrinews import inference
 from distrinews.convert import InvalidCheckpointError, weights_digest
 from distrinews.ddp import free_port
-from distrinews.guard import HeaderDeadline, begin_shutdown
+from distrinews.guard import HeaderDeadline, _in_time, begin_shutdown
 from distrinews.inference import PROBE_TEXTS, MicroBatcher, choose_dtype, load_classifier
 from distrinews.model import LABELS, OFFLINE_ENCODER, build_classifier
 from distrinews.serve import ServeSettings, create_app, main
@@ -784,3 +784,31 @@ def test_the_server_module_imports_no_training_module():
         m.removeprefix("distrinews.").lstrip(".").split(".")[0] for m in imported if m.startswith(("distrinews.", "."))
     }
     assert ours == {"guard", "inference"}, ours  # guard: its defences (notebook 16), no training either
+
+
+@pytest.mark.parametrize("held_by_others, max_body, refused", [(7_500, 10_000, 503), (0, 2_500, 413)])
+def test_a_streamed_body_is_counted_chunk_by_chunk(held_by_others, max_body, refused):
+    """The guard's byte count, one chunk at a time (a TestClient sends a body as one chunk): each chunk is counted as it
+    arrives, and the one that would take the bodies in progress past `max_pending_bytes` (503), or this body past
+    `max_body_bytes` (413), is refused and not counted."""
+    from types import SimpleNamespace
+
+    from fastapi import HTTPException
+
+    settings = SimpleNamespace(body_timeout_s=5, max_body_bytes=max_body, max_pending_bytes=10_000, retry_after_s=1)
+    state = SimpleNamespace(settings=settings, pending_bytes=held_by_others)
+    chunks = iter([{"type": "http.request", "body": b"x" * 1000, "more_body": True}] * 3)
+
+    async def receive():
+        return next(chunks)
+
+    async def read_three():
+        counted = _in_time(receive, state)
+        await counted()
+        await counted()
+        assert (counted.held, state.pending_bytes) == (2000, held_by_others + 2000)
+        with pytest.raises(HTTPException) as e:
+            await counted()  # 1,000 more: past one limit or the other
+        assert (e.value.status_code, counted.held, state.pending_bytes) == (refused, 2000, held_by_others + 2000)
+
+    asyncio.run(read_three())
