@@ -123,7 +123,7 @@ def _refuse_mismatch(model, info: dict, path: Path):
 def load_strict(path: Path) -> tuple[torch.nn.Module, object, str]:
     """Classifier, tokenizer and version (SHA-256 of model.safetensors) of folder `path`, weights read into memory;
     refused where they differ from manifest.json, change while read, or are not this course's classifier."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+    from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
     _quiet_transformers()
     version, sealed = weights_digest(path, 64), _read_json(path / "manifest.json").get("files")
@@ -138,7 +138,7 @@ def load_strict(path: Path) -> tuple[torch.nn.Module, object, str]:
         kw["disable_mmap"] = True  # read into memory (transformers 5): a file cut under a mapped model would SIGBUS
     try:
         model, info = AutoModelForSequenceClassification.from_pretrained(path, **kw)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = load_tokenizer(path)  # refuses a folder without the tokenizer's files
     except Exception as e:  # an unknown architecture, a config that is not JSON, weights that are not safetensors...
         what = (
             "model.safetensors is not a valid safetensors file" if isinstance(e, SafetensorError) else type(e).__name__
@@ -180,7 +180,7 @@ def pick_checkpoint(checkpoint=None, profile: str | None = None, root=None) -> P
 def fit_head(checkpoint: str | os.PathLike, out: str | os.PathLike, n: int = 512, max_length: int = 64) -> Path:
     """A copy of `checkpoint` in `out` whose head is fitted on `n` AG News training items (`$DISTRINEWS_DATA_DIR`, or a
     copy attached on Kaggle): a linear probe, the encoder frozen, seconds on a CPU. It predicts like a trained model."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
 
     from distrinews.data import DataFolderError, load_agnews, stratified_indices
 
@@ -192,7 +192,7 @@ def fit_head(checkpoint: str | os.PathLike, out: str | os.PathLike, n: int = 512
     rows = stratified_indices(found["label"], n, seed=0)
     texts, labels = [found["text"][i] for i in rows], torch.tensor([found["label"][i] for i in rows])
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, local_files_only=True).eval()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    tokenizer = load_tokenizer(checkpoint)
     encode = lambda batch: tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     head, model.classifier = model.classifier, torch.nn.Identity()  # the model now returns what its head sees
     with torch.inference_mode():  # the encoder's features, computed once

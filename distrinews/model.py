@@ -290,7 +290,11 @@ def load_tokenizer(name: str | os.PathLike):
     if source == RANDOM_DISTILBERT:  # MiniLM's vocab.txt is byte-identical to distilbert-base-uncased's
         encoder_dir = packaged_encoder_dir()
         return DistilBertTokenizerFast.from_pretrained(str(encoder_dir) if encoder_dir else "distilbert-base-uncased")
-    return AutoTokenizer.from_pretrained(source)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if len(tokenizer) <= len(tokenizer.all_special_tokens):  # transformers 5's for a folder with no tokenizer files
+        raise ModelNotAvailableError(f"{name} has no tokenizer files (tokenizer.json or vocab.txt): every word would "
+                                     "be [UNK]. Save the tokenizer with the model (save_pretrained).")  # fmt: skip
+    return tokenizer
 
 # %% ../nbs/01_model.ipynb #9871c417
 def build_classifier(name: str | os.PathLike, seed: int | None = None, dropout: float | None = None):
@@ -338,7 +342,7 @@ def predict(
     "Label, confidence and all class probabilities for each of `texts` (input order kept)."
     texts = [texts] if isinstance(texts, str) else texts
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    id2label, was_training = model.config.id2label, model.training
+    names, was_training = [model.config.id2label[j] for j in range(model.config.num_labels)], model.training
     model.eval()
     order, results = sorted(range(len(texts)), key=lambda i: len(texts[i])), [None] * len(texts)
     try:
@@ -349,11 +353,8 @@ def predict(
             ).to(device)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 probs = model(**batch).logits.float().softmax(-1).cpu()
-            for i, p in zip(idx, probs.tolist()):
-                k = max(range(len(p)), key=p.__getitem__)  # the first of equal maxima, as argmax
-                results[i] = dict(
-                    label=id2label[k], confidence=p[k], probabilities={id2label[j]: q for j, q in enumerate(p)}
-                )
+            for i, p, k in zip(idx, probs.tolist(), probs.argmax(-1).tolist()):  # k: the first of equal maxima
+                results[i] = dict(label=names[k], confidence=p[k], probabilities=dict(zip(names, p)))
     finally:
         model.train(was_training)
     return results

@@ -167,7 +167,7 @@ def evaluate_counts(model, loader, device: torch.device, precision: str) -> torc
 
 
 def metrics_from_counts(counts: torch.Tensor) -> dict:
-    "Loss, accuracy, per-class accuracy (recall) and the confusion matrix from `evaluate_counts`' sums."
+    "Loss, accuracy, accuracy per class with test rows (recall) and the confusion matrix from `evaluate_counts`' sums."
     n = len(LABELS)
     counts = counts.cpu()
     confusion = counts[1:].view(n, n)
@@ -176,7 +176,7 @@ def metrics_from_counts(counts: torch.Tensor) -> dict:
         eval_loss=(counts[0] / rows).item(),
         accuracy=(confusion.trace() / rows).item(),
         eval_count=int(rows),
-        per_class_accuracy={LABELS[k]: (confusion[k, k] / confusion[k].sum()).item() for k in range(n)},
+        per_class_accuracy={LABELS[k]: (row[k] / row.sum()).item() for k, row in enumerate(confusion) if row.sum()},
         confusion=confusion.long().tolist(),
     )
 
