@@ -234,8 +234,7 @@ def cli() -> argparse.ArgumentParser:
 
 # %% ../nbs/11_scale_out.ipynb #208895ca
 def main(argv=None):
-    p = cli()
-    args = p.parse_args(argv)
+    args = (p := cli()).parse_args(argv)
     try:
         cfg = config_from_args(args)
         if args.command == "tune-worker":
