@@ -73,6 +73,12 @@ CITED = [
         lambda: f"{120_000 / gpu('fp16')['runs'][0]['samples_per_s']:.0f}",
         ("09_interview_prep",),
     ),
+    # dropout off in the `cpu` profile (notebook 03)
+    Cite(
+        r"it trained (?P<fig>\d\.\d\d)x as many samples a second",
+        lambda: f"{R['dropout_cpu']['ratio_off_over_on']:.2f}",
+        ("03_single_gpu",),
+    ),
     # the original write-up's 2xT4 figures, wherever they are quoted
     Cite(r"(?P<fig>[\d.]+) min per epoch on one T4", lambda: f"{report.ORIGINAL_2XT4['minutes_per_epoch_1gpu']:g}"),
     Cite(r"(?P<fig>[\d.]+) min\**\s+on\s+two", lambda: f"{report.ORIGINAL_2XT4['minutes_per_epoch_2gpu']:g}"),
