@@ -33,6 +33,7 @@ class ServeSettings(BaseSettings):
     "Serve a DistriNews checkpoint over HTTP. Each flag can also be set by its environment variable (a flag wins)."
 
     model_config = SettingsConfigDict(
+        allow_inf_nan=False,  # an infinite deadline would switch off a defence
         env_prefix="DISTRINEWS_",
         env_ignore_empty=True,  # DISTRINEWS_CHECKPOINT= (empty) means no checkpoint, not the current folder
         cli_prog_name="distrinews-serve",
@@ -54,7 +55,7 @@ class ServeSettings(BaseSettings):
     max_batch_size: int = Field(64, ge=1, le=4096, description="most texts in one /predict/batch request")
     batching: bool = Field(True, description="group concurrent requests into one forward pass")
     batch_max_size: int = Field(32, ge=1, le=4096, description="most texts in one forward pass")
-    batch_wait_ms: float = Field(5.0, ge=0, le=1000, allow_inf_nan=False, description="longest wait to fill a batch")
+    batch_wait_ms: float = Field(5.0, ge=0, le=1000, description="longest wait to fill a batch")
     queue_limit: int = Field(256, ge=1, description="texts allowed to wait; beyond that: 503 + Retry-After")
     retry_after_s: int = Field(1, ge=1, le=3600, description="the Retry-After header of a 503")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body; beyond that: 413")
@@ -74,8 +75,8 @@ class ServeSettings(BaseSettings):
 
 # %% ../nbs/06_deploy.ipynb #98c106a1
 def _not_blank(text: str) -> str:
-    if not any(unicodedata.category(c)[0] in "LNPS" for c in text):  # a letter, number, punctuation mark or symbol
-        raise ValueError("text is empty or only white space, control or invisible characters")
+    if not any(unicodedata.category(c)[0] in "LNPS" for c in text.replace("\ufffd", "")):  # U+FFFD: tokenizers drop it
+        raise ValueError("text is empty or only white space, control, invisible or replacement (U+FFFD) characters")
     return text
 
 # %% ../nbs/06_deploy.ipynb #1bbfd935
@@ -216,7 +217,7 @@ def create_app(settings: ServeSettings | None = None, classifier: Classifier | N
 
     app.head("/health", include_in_schema=False)(health)  # for health checks that send HEAD
     app.head("/", include_in_schema=False, response_class=HTMLResponse)(demo_page)  # and uptime probes (front page)
-    app.get("/metrics", include_in_schema=False)(lambda: app.state.metrics.response())  # for Prometheus (notebook 16)
+    app.api_route("/metrics", methods=["GET", "HEAD"], include_in_schema=False)(lambda: app.state.metrics.response())
 
     @app.post("/predict", response_model=Prediction, responses=ERROR_RESPONSES, summary="Classify one text")
     async def predict_one(body: PredictRequest, request: Request):

@@ -523,6 +523,8 @@ def test_head_health_and_nosniff(client):
     head, page = client.head("/"), client.get("/")  # an uptime probe's HEAD /: the page's headers, no body
     assert (head.status_code, head.content, head.headers["content-type"]) == (200, b"", page.headers["content-type"])
     assert "head" not in client.get("/openapi.json").json()["paths"]["/health"]
+    head, scrape = client.head("/metrics"), client.get("/metrics")  # HEAD wherever GET is served (RFC 9110 9.1)
+    assert (head.status_code, head.content, head.headers["content-type"]) == (200, b"", scrape.headers["content-type"])
 
 
 def test_settings_come_from_the_environment(checkpoint, monkeypatch, classifier):

@@ -71,7 +71,10 @@ def hardware() -> str:
 
     gpus = torch.cuda.device_count()
     gpu = f", {gpus} x {torch.cuda.get_device_name(0)}" if gpus else ", no GPU"
-    return f"{model} ({os.cpu_count()} cores{gpu}), torch {torch.__version__}"
+    # the CPU kernels torch uses (AVX2, AVX512), and bf16 in hardware: what decides fp32 or bf16 on a CPU (notebook 01)
+    isa = torch.backends.cpu.get_cpu_capability() + (" with BF16" if torch.cpu._is_avx512_bf16_supported() else "")
+    isa += " and AMX" if torch.cpu._is_amx_tile_supported() else ""
+    return f"{model} ({os.cpu_count()} cores, {isa}{gpu}), torch {torch.__version__}"
 
 
 # Warnings that say nothing about the course: tqdm.auto's complaint in a kernel without ipywidgets (its bars still work,
