@@ -46,7 +46,7 @@ PLAN = {
     "06": dict(params={}, needs="runs/cpu/checkpoint", note="the API serves the checkpoint notebook 04 trained"),
     "07": dict(
         params={"measure": ""},
-        note="nothing re-measured here: each section shows the committed results, `benchmarks/results/`, as "
+        note="nothing is re-measured on this page: each section shows the committed results, `benchmarks/results/`, as "
         "`benchmarks/report.py` renders them (`benchmarks/run.py` measures them, see its header)",
     ),
 }
