@@ -296,8 +296,8 @@ class HeaderDeadline(asyncio.Protocol):
     def __init__(self, **uvicorn_args):
         state = {**uvicorn_args.pop("app_state"), CONNECTION: self}  # uvicorn copies it into each request's scope
         self.http, self.timer = H11Protocol(app_state=state, **uvicorn_args), None
-        limit = self.http.config.h11_max_incomplete_event_size  # uvicorn's 400 to what h11 cannot parse: JSON, counted
-        self.http.send_400_response = lambda _: self.refuse("400 Bad Request", _NOT_HTTP.format(limit))
+        limit = self.http.config.h11_max_incomplete_event_size or 16 * 1024  # (None: h11's default, 16 KiB)
+        self.http.send_400_response = lambda _: self.refuse("400 Bad Request", _NOT_HTTP.format(limit))  # JSON, counted
 
     def connection_made(self, transport):
         self.transport, self.client = transport, transport.get_extra_info("peername")
