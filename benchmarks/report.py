@@ -420,7 +420,9 @@ def whole_run_section(r: dict, title: str, sides: tuple) -> list:
     md += ["", "| side | runs | samples/s | test accuracy | wall time |", "|---|---:|---:|---:|---:|"]
     for side, s in r["summary"].items():
         v, a, w = s["samples_per_s"], s["accuracy"], s["wall_s"]
-        md.append(f"| {side}: {r['sides'][side]} | {sum(x['side'] == side for x in r['runs'])} "
+        runs = [x for x in r["runs"] if x["side"] == side]
+        timed = sum(x.get("train_samples_per_s") is not None for x in runs)  # a lost timing: its accuracy counts
+        md.append(f"| {side}: {r['sides'][side]} | {len(runs)}{f' ({timed} timed)' if timed < len(runs) else ''} "
                   f"| {v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f}) | {a['median']:.2%} ({a['min']:.2%}-"
                   f"{a['max']:.2%}) | {w['median']} s ({w['min']}-{w['max']} s) |")  # fmt: skip
     gap = paired_gap(r, *sides)

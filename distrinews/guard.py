@@ -103,7 +103,7 @@ def refusal_for(scope) -> JSONResponse | None:
         return None
     ctype = headers.get(b"content-type", b"").decode("latin-1")
     media = ctype.split(";")[0].strip().lower()
-    if not re.fullmatch(r"application/([^/]+\+)?json", media):  # what FastAPI parses: text/x+json is not JSON to it
+    if not re.fullmatch(r"application/([^/]*\+)?json", media):  # what FastAPI parses: text/x+json is not JSON to it
         return _json(415, f"Content-Type must be application/json, not {ctype!r}: send the body as JSON")
     if (coding := headers.get(b"content-encoding", b"identity").decode("latin-1")).lower() != "identity":
         return _json(415, f"Content-Encoding {coding!r} is not supported: send the body uncompressed")

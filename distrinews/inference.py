@@ -100,8 +100,8 @@ def load_classifier(
     device, path = pick_device(device), check_checkpoint_dir(path)
     model, tokenizer, version = load_strict(path)
     run = _read_json(path / "run_config.json")
-    positions = min(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", 512))  # no more
-    max_length = min(max_length or int(run.get("max_length") or 512), positions)
+    positions = getattr(model.config, "max_position_embeddings", 512)  # no more tokens than the model has positions
+    max_length = min(max_length or int(run.get("max_length") or min(tokenizer.model_max_length, 512)), positions)
     base = str(run.get("model_name") or "").rstrip("/").split("/")[-1]
     name = str(run.get("name") or (base and f"{base}-agnews") or path.name)
     model.to(device).eval().requires_grad_(False)
