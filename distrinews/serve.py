@@ -44,7 +44,7 @@ class ServeSettings(BaseSettings):
     )
 
     checkpoint: Path | None = Field(None, description="checkpoint folder to serve")
-    host: str = Field("127.0.0.1", description="interface to listen on (0.0.0.0: every one, as in a container)")
+    host: str = Field("127.0.0.1", pattern=r"^([^\s:/]+|[\da-fA-F:]+)$", description="address to bind (0.0.0.0: all)")
     port: int = Field(7860, ge=0, le=65535, description="port to listen on")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$", description="auto | cpu | cuda | cuda:N | mps")
