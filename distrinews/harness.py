@@ -44,8 +44,9 @@ def server_process(*args: str, python=sys.executable, env=None, cwd=None, host="
     logfile, proc, tries = tempfile.NamedTemporaryFile("w", prefix="distrinews-serve-", suffix=".log"), None, 0
     server, deadline = SimpleNamespace(log=Path(logfile.name).read_text), time.monotonic() + timeout
     try:
-        while True:  # the model loads, then the port opens; an attempt that finds it taken says so: another (3 tries)
-            if proc is None or (proc.poll() is not None and server.log().count("address already in use") == tries < 3):
+        while True:  # an attempt that finds the port taken (before the model loads, or after) says so: another, 3 tries
+            taken = server.log().lower().count("address already in use")
+            if proc is None or (proc.poll() is not None and taken == tries < 3):
                 port, tries = free_port(host), tries + 1  # free now; bound once the model has loaded
                 cmd = [str(python), "-m", "distrinews.serve", "--host", host, "--port", str(port), *args]
                 proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=cwd)

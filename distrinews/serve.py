@@ -10,6 +10,7 @@ __all__ = ['log', 'LIMITS', 'ServeSettings', 'request_models', 'Prediction', 'Ba
 import contextlib
 import logging
 import math
+import socket
 import sys
 import unicodedata
 from importlib.resources import files
@@ -243,6 +244,11 @@ def main(argv: list[str] | None = None):
         why = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'settings'}: {x['msg']}" for x in e.errors())
         print(f"distrinews-serve: error: {why}", file=sys.stderr)
         sys.exit(2)
+    try:  # a host that does not resolve, a port in use or not ours: said at once, not after the model has loaded
+        socket.create_server((s.host, s.port), family=socket.AF_INET6 if ":" in s.host else socket.AF_INET).close()
+    except OSError as e:
+        print(f"distrinews-serve: error: --host, --port: {e.strerror}", file=sys.stderr)
+        sys.exit(1)
     try:  # loaded before the port opens: a checkpoint that cannot be served stops the command, with the reason
         clf = load_model(s)
     except ValueError as e:

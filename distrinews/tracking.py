@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from fastcore.basics import patch
 
+from .convert import _read_json
 from .model import AUTOCAST_DTYPES, LABELS, RunConfig
 
 # %% ../nbs/17_tracking.ipynb #6cfb944a
@@ -116,7 +117,7 @@ def peak_flops(device, precision: str) -> tuple[float, str]:
                 return (single if precision == "fp32" else half) * 1e12, f"{gpu} datasheet, {precision}"
     cache = Path(os.environ.get("DISTRINEWS_CACHE") or Path.home() / ".cache" / "distrinews") / "peak_flops.json"
     key = f"{socket.gethostname()} {device} {torch.get_num_threads()} threads {precision} torch {torch.__version__}"
-    known = json.loads(cache.read_text()) if cache.exists() else {}  # written whole or not at all (below)
+    known = _read_json(cache)  # {} if there is none yet, or one damaged by hand: measured and written again (below)
     a = torch.ones(2048, 2048, device=device, dtype=AUTOCAST_DTYPES[precision] or torch.float32)
     best = min(timeit.repeat(lambda: (a @ a).sum().item(), number=1, repeat=3)[1:])  # ones: the RNG untouched
     known[key] = max(known.get(key, 0), 2 * 2048**3 / best)  # the best so far: beside other work, a run measures less

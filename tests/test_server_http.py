@@ -450,8 +450,9 @@ def test_bad_settings_and_a_checkpoint_it_cannot_serve_stop_with_one_line(tmp_pa
 
 
 def test_a_port_taken_before_the_server_binds_it_gets_the_server_started_on_another(checkpoint, monkeypatch):
-    # the harness picks a free port and the server binds it only after its model has loaded: another program can take
-    # it in between. Here the first port it is given is taken (a socket that listens and never answers).
+    # the harness picks a free port; the server tries it before its model loads and binds it after: another program
+    # can take it in between. Here the first port it is given is taken (a socket that listens and never answers), and
+    # the server says so at once, before loading anything.
     from distrinews import harness
 
     with socket.create_server(("127.0.0.1", 0)) as taken:
@@ -461,7 +462,8 @@ def test_a_port_taken_before_the_server_binds_it_gets_the_server_started_on_anot
             status, health = http_json(server.url + "/health")
             assert status == 200 and health["model_loaded"], health
             assert server.url != f"http://127.0.0.1:{taken.getsockname()[1]}"
-            assert server.log().count("address already in use") == 1, server.log()[-2000:]
+            assert server.log().lower().count("address already in use") == 1, server.log()[-2000:]
+            assert server.log().startswith("distrinews-serve: error: --host, --port: Address already in use")
 
 
 @pytest.mark.parametrize("then, says", [("sleep 0.3; exit 2", "exited with code 2"), ("", "exited with code 1")])
