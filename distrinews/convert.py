@@ -138,9 +138,8 @@ def load_strict(path: Path) -> tuple[torch.nn.Module, object, str]:
         model, info = AutoModelForSequenceClassification.from_pretrained(path, **kw)
         tokenizer = load_tokenizer(path)  # refuses a folder without the tokenizer's files
     except Exception as e:  # an unknown architecture, a config that is not JSON, weights that are not safetensors...
-        what = (
-            "model.safetensors is not a valid safetensors file" if isinstance(e, SafetensorError) else type(e).__name__
-        )
+        bad = "model.safetensors is not a valid safetensors file"
+        what = bad if isinstance(e, SafetensorError) else type(e).__name__
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise InvalidCheckpointError(f"Could not load the checkpoint in {path}: {what}: {first}") from None
     if weights_digest(path, 64) != version:  # the version names exactly the weights that were loaded

@@ -11,7 +11,9 @@ __all__ = ['LABELS', 'ID2LABEL', 'LABEL2ID', 'OFFLINE_ENCODER', 'RANDOM_DISTILBE
 
 # %% ../nbs/01_model.ipynb #513592ad
 import argparse
+import inspect
 import os
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Literal
@@ -34,33 +36,33 @@ RANDOM_DISTILBERT = "random:distilbert-base-uncased"  # the real DistilBERT shap
 class RunConfig:
     "Everything that defines one training run. Sizes of `None` mean 'the whole split'."
 
-    profile: str = "cpu"
+    profile: str = "cpu"  # smoke, cpu or kaggle; default: $DISTRINEWS_PROFILE, else kaggle on a Kaggle GPU, else cpu
     model_name: Annotated[str, Field(min_length=1)] = OFFLINE_ENCODER  # hub name, local folder, or `RANDOM_DISTILBERT`
     data_source: Literal["auto", "local", "hub"] = "auto"  # auto: local when a data folder is set, else the hub
     data_dir: str | None = None  # a folder in the original AG News CSV format; default: $DISTRINEWS_DATA_DIR
-    train_size: Annotated[int, Field(ge=1)] | None = None  # stratified subset of the train split
-    test_size: Annotated[int, Field(ge=1)] | None = None  # stratified subset of the test split
+    train_size: Annotated[int, Field(ge=1)] | None = None  # training rows, a stratified subset (None: all)
+    test_size: Annotated[int, Field(ge=1)] | None = None  # test rows, a stratified subset (None: all)
     validation_size: Annotated[int, Field(ge=0)] = 0  # training rows held out (stratified) for choosing settings
     eval_split: Literal["test", "validation"] = "test"  # what `evaluate` measures: the test split or the held-out rows
-    max_length: Annotated[int, Field(ge=2, le=512)] = 128  # AG News rarely exceeds 100; the encoders have 512 positions
-    batch_size: Annotated[int, Field(ge=1)] = 32  # per process (DDP: per rank)
-    eval_batch_size: Annotated[int, Field(ge=1)] = 128
-    lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
-    epochs: Annotated[int, Field(ge=1)] = 2
+    max_length: Annotated[int, Field(ge=2, le=512)] = 128  # tokens kept per text (AG News: rarely more than 100)
+    batch_size: Annotated[int, Field(ge=1)] = 32  # rows per batch, per process (DDP: per rank)
+    eval_batch_size: Annotated[int, Field(ge=1)] = 128  # rows per evaluation batch (no gradients: more fit)
+    lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4  # peak learning rate (linear warmup and decay)
+    epochs: Annotated[int, Field(ge=1)] = 2  # passes over the training rows
     warmup_ratio: Annotated[float, Field(ge=0, le=1)] = 0.06  # fraction of optimizer steps spent warming up
-    weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.01
+    weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.01  # AdamW's decoupled weight decay
     grad_accum: Annotated[int, Field(ge=1)] = 1  # micro-batches per optimizer step
-    max_grad_norm: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    max_grad_norm: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0  # gradients clipped to this norm
     label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0  # target probability spread over the other classes
     layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0  # each layer's lr: this x the one above's (1: all alike)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where native, fp16 on old GPUs, or fp32
-    seed: Annotated[int, Field(ge=0, lt=2**32)] = 42  # NumPy's range
-    output_dir: Annotated[str, Field(min_length=1)] = "runs/cpu"  # (an empty one would be the working folder)
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 42  # subsets, new head, shuffling, dropout (NumPy's range)
+    output_dir: Annotated[str, Field(min_length=1)] = "runs/cpu"  # the run's folder: checkpoint, metrics.json
     save_every: Annotated[int, Field(ge=0)] = 0  # optimizer steps between resumable checkpoints (0: at epochs' ends)
     group_by_length: bool = True  # length-grouped batches: far less padding
     dropout: Annotated[float, Field(ge=0, lt=1)] | None = None  # every dropout probability; None: the model's own
     num_threads: Annotated[int, Field(ge=1, le=1024)] | None = None  # torch CPU threads per process (None: its own)
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"  # DDP: none = plain all-reduce, or a hook
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"  # DDP: gradients compressed by a hook, or none
     log_every: Annotated[int, Field(ge=1)] = 10  # optimizer steps between reads of the loss (a GPU sync each)
     freeze_word_embeddings: bool = True  # kept as pretrained: half of MiniLM's weights not updated nor all-reduced (04)
     freeze_layers: Annotated[int, Field(ge=0)] = 0  # the embeddings and the N lowest layers kept as pretrained (03)
@@ -150,7 +152,14 @@ def config_parser(**kwargs) -> argparse.ArgumentParser:
     "A command line with one `--field-name` flag per `RunConfig` field (`--profile` included); `kwargs` go to argparse."
     from transformers import HfArgumentParser
 
-    parser = argparse.ArgumentParser(parents=[HfArgumentParser(RunConfig, add_help=False)], **kwargs)
+    changes = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in c.items()) for name, c in PROFILES.items())
+    epilog = f"A profile changes some defaults, and output_dir to runs/PROFILE. {changes}."
+    parser = argparse.ArgumentParser(parents=[HfArgumentParser(RunConfig, add_help=False)], epilog=epilog, **kwargs)
+    source = "".join(inspect.findsource(RunConfig.__post_init__)[0])  # the file (or notebook cell) of RunConfig
+    why = dict(re.findall(r"^    (\w+): .+?  # (.+)$", source, flags=re.M))  # each field's comment: its --help
+    for action in (a for a in parser._actions if a.dest in why):  # a bool's --no-x is hidden: --x false says it
+        default = "" if action.dest == "profile" or action.default is None else f" (default: {action.default})"
+        action.help = argparse.SUPPRESS if action.const is False else why[action.dest] + default
     parser.set_defaults(**{f.name: None for f in fields(RunConfig)})  # unset: the profile's value (config_from_args)
     return parser
 

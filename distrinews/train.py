@@ -193,9 +193,8 @@ def epoch_metrics(totals: torch.Tensor, seconds: float) -> dict:
 def simulate_failure(at_step: int | None, step: int, rank: int):
     """The fault-tolerance demo: at optimizer step `at_step` the process of rank 1 (rank 0 when it is alone) dies
     hard, as an out-of-memory kill would end it; only on torchrun's first attempt, so that the restart gets through."""
-    alone = not (torch.distributed.is_available() and torch.distributed.is_initialized()) or (
-        torch.distributed.get_world_size() == 1
-    )
+    dist = torch.distributed
+    alone = not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1
     if at_step is not None and step == at_step and rank == (0 if alone else 1) and not restarted():
         print(f"[rank {rank}] simulated crash at step {step} (SIGKILL)", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
