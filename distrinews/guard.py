@@ -90,7 +90,7 @@ def refusal_for(scope) -> JSONResponse | None:
     head += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
     if head > state.settings.max_header_bytes:
         detail = f"the request line and headers take {head} bytes; the limit is {state.settings.max_header_bytes} bytes"
-        return _json(431, f"{detail}: send fewer headers", connection="close")
+        return _json(431, f"{detail}: send a shorter URL or fewer headers", connection="close")
     if b"content-length" in headers and b"transfer-encoding" in headers:  # a request-smuggling trick
         return _json(400, "Content-Length and Transfer-Encoding together: send one of them", connection="close")
     body = int(length) if (length := headers.get(b"content-length", b"0")).isdigit() else 0  # (chunked: `_in_time`)
