@@ -80,7 +80,7 @@ def verify_checkpoint(path: str | os.PathLike) -> dict:
     """Check a checkpoint folder against its `manifest.json`: every file listed is there with the bytes it was written
     with. Returns `{name: sha256}`; raises `CheckpointError` naming the first file that is missing or changed."""
     try:
-        files = {**json.loads((Path(path) / MANIFEST_FILE).read_text())["files"]}  # {**}: a mapping or TypeError
+        files = {**json.loads((Path(path) / MANIFEST_FILE).read_text())["files"]}  # {**}: an object, else a TypeError
     except (OSError, ValueError, KeyError, TypeError) as e:  # the manifest is written last: the save did not finish
         raise CheckpointError(
             f"{path} has no {MANIFEST_FILE} that can be read ({type(e).__name__}): the save that made it did not end,"
@@ -173,7 +173,7 @@ def load_training_state(path, map_location: str | torch.device = "cpu") -> tuple
     file = path / STATE_FILE
     try:
         state = torch.load(file, weights_only=True, map_location=map_location)
-        saved_cfg = {**json.loads((file := path / CONFIG_FILE).read_text())}  # {**}: a JSON object or TypeError
+        saved_cfg = {**json.loads((file := path / CONFIG_FILE).read_text())}  # {**}: an object, else a TypeError
     except Exception as e:  # a truncated or foreign file: pickle, zip, EOF and JSON errors of every kind
         raise CheckpointError(
             f"{file} cannot be read ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}): it is damaged "
