@@ -233,6 +233,20 @@ def test_a_saved_result_names_its_machine_and_date_and_loads_back(tmp_path):
 
 
 @pytest.mark.skipif(not list((BENCH / "results").glob("trainer_peer_*.json")), reason="no Trainer comparison yet")
+def test_each_stored_accuracy_gap_is_the_median_seed_by_seed():
+    "The report recomputes the gap from the runs; the fields a reader of the JSON sees must say the same."
+    for path in sorted((BENCH / "results").glob("*.json")):
+        if "accuracy_gap" in (r := json.loads(path.read_text())):
+            name = path.stem.removesuffix("_cpu")
+            gap = report.paired_gap(
+                r, *(report.WHOLE_RUNS[name][1] if name in report.WHOLE_RUNS else ("script", "trainer"))
+            )
+            assert r["accuracy_gap"] == round(gap, 4), path.name  # once the difference of the two sides' medians
+            assert r.get("accuracy_gap_within_spread", True) == (abs(round(gap, 4)) <= r["accuracy_seed_spread"]), (
+                path.name
+            )
+
+
 def test_a_trainer_ratio_inside_the_spread_is_no_result():
     "A ratio to Trainer is bold (a result) only where the two sides' ranges of samples/s do not overlap."
     peers = [json.loads(p.read_text()) for p in sorted((BENCH / "results").glob("trainer_peer_*.json"))]
