@@ -51,7 +51,7 @@ def _utf8_text(path: Path) -> str:
     "The file's text; a byte that is not UTF-8 is refused, naming its line (decoded at once, so the line is known)."
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # -sig: a byte-order mark (Excel writes one) is not part of the first field
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise DataFolderError(

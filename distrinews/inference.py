@@ -90,12 +90,8 @@ def choose_dtype(
     return torch.bfloat16, f"bf16: same labels as fp32 on {len(probes)} probe texts (max probability change {gap:.3f})"
 
 # %% ../nbs/05_inference.ipynb #bcab0312
-def load_classifier(
-    path: str | os.PathLike,
-    device: str | torch.device | None = "auto",
-    dtype: str = "auto",
-    max_length: int | None = None,
-) -> Classifier:
+def load_classifier(path: str | os.PathLike, device: str | torch.device | None = "auto", dtype: str = "auto",
+                    max_length: int | None = None) -> Classifier:  # fmt: skip
     "A `Classifier` from a checkpoint folder: checked and built strictly in memory (notebook 13), the precision chosen."
     device, path = pick_device(device), check_checkpoint_dir(path)
     model, tokenizer, version = load_strict(path)

@@ -294,7 +294,10 @@ def load_tokenizer(name: str | os.PathLike):
     if source == RANDOM_DISTILBERT:  # MiniLM's vocab.txt is byte-identical to distilbert-base-uncased's
         encoder_dir = packaged_encoder_dir()
         return DistilBertTokenizerFast.from_pretrained(str(encoder_dir) if encoder_dir else "distilbert-base-uncased")
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as e:  # not found, offline; or a damaged folder: a tokenizer.json that is not JSON
+        raise ModelNotAvailableError(f"Could not load the tokenizer of {name} ({type(e).__name__}: {e}).") from e
     if len(tokenizer) <= len(tokenizer.all_special_tokens):  # transformers 5's for a folder with no tokenizer files
         raise ModelNotAvailableError(f"{name} has no tokenizer files (tokenizer.json or vocab.txt): every word would "
                                      "be [UNK]. Save the tokenizer with the model (save_pretrained).")  # fmt: skip
@@ -323,9 +326,12 @@ def build_classifier(name: str | os.PathLike, seed: int | None = None, dropout: 
         # float32 master weights whatever the file holds (transformers 5 would keep an fp16 file's dtype, and AdamW
         # on fp16 weights without loss scaling diverges): mixed precision comes from autocast, not from the weights
         return AutoModelForSequenceClassification.from_pretrained(source, config=config).float()
-    except OSError as e:
+    except (
+        Exception
+    ) as e:  # not found, offline; or a damaged folder: weights cut short, a config value of the wrong type
         raise ModelNotAvailableError(
-            f"Could not load model {name!r} ({e}). Use a local folder or model_name={OFFLINE_ENCODER!r}."
+            f"Could not load model {name} ({type(e).__name__}: {e}). Use an intact model folder (save_pretrained's), "
+            f"a hub model, or model_name={OFFLINE_ENCODER!r}."
         ) from e
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -334,15 +340,8 @@ def build_classifier(name: str | os.PathLike, seed: int | None = None, dropout: 
 
 # %% ../nbs/01_model.ipynb #e6b415c9
 @torch.inference_mode()
-def predict(
-    model,
-    tokenizer,
-    texts: str | list[str],
-    batch_size: int = 64,
-    max_length: int = 128,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
-) -> list[dict]:
+def predict(model, tokenizer, texts: str | list[str], batch_size: int = 64, max_length: int = 128,
+            device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> list[dict]:  # fmt: skip
     "Label, confidence and all class probabilities for each of `texts` (input order kept)."
     texts = [texts] if isinstance(texts, str) else texts
     device = torch.device(device) if device is not None else next(model.parameters()).device

@@ -247,3 +247,7 @@ def clear_errors(prog: str):
         if "Timed out waiting" in message:  # gloo's words when a collective waited longer than --timeout for a rank
             message += ". A rank waited past --timeout (300 s unless set) for another: one that stopped, or a slow one"
         sys.exit(f"{prog}: error: {message}")
+    except KeyboardInterrupt:  # Ctrl-C: nothing is lost that the last checkpoint holds
+        sys.exit(
+            f"{prog}: interrupted: the same command resumes from the last checkpoint in --output-dir, if one was saved"
+        )
