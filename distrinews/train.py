@@ -28,7 +28,7 @@ from distrinews.checkpoint import (
     CheckpointError, check_resumable, check_writable, checkpoint_dir, clean_checkpoint_leftovers, find_checkpoint,
     load_training_state, verify_checkpoint,
 )  # fmt: skip
-from .data import data_source
+from .data import data_source, load_splits
 from distrinews.model import (
     AUTOCAST_DTYPES, LABELS, RunConfig, build_classifier, config_parser, load_tokenizer, pick_precision,
 )  # fmt: skip
@@ -221,7 +221,7 @@ def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
     g.add_argument("--fresh", dest="resume", action="store_const", const="no",
                    help="ignore a checkpoint in --output-dir and start over")  # fmt: skip
     p.add_argument("--simulate-failure-at-step", type=int, help="rank 1 (or the only process) dies at this step")
-    p.add_argument("--check", action="store_true", help="check the configuration (profile, precision, data) and exit")
+    p.add_argument("--check", action="store_true", help="check the profile, precision, data and model, and exit")
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else "none"
     p.add_argument("--report-to", default=tracker, help="rank 0 logs to: none, tensorboard, wandb or a list of them")
     p.add_argument("--profile-steps", type=int, default=0, help="profile N steps into OUTPUT_DIR/trace_rank*.json")
@@ -229,8 +229,11 @@ def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
 
 # %% ../nbs/03_single_gpu.ipynb #d37bcf75
 def check_config(cfg: RunConfig, device: torch.device):
-    "What `--check` prints: the run's profile, precision and data, or the one error that stops it."
-    print(f"{cfg.profile} profile, precision {pick_precision(cfg.precision, device)}, data from {data_source(cfg)}: OK")
+    "What `--check` prints: the profile, the precision, the rows read and checked, the tokenizer found; or the error."
+    train, test = load_splits(cfg)  # the CSVs read and checked (columns, classes, encoding), or the hub's splits
+    load_tokenizer(cfg.model_name)  # the model's folder or hub name found (the run loads its weights)
+    print(f"{cfg.profile} profile, precision {pick_precision(cfg.precision, device)}, data from {data_source(cfg)} "
+          f"({len(train):,} training rows, {len(test):,} to evaluate): OK")  # fmt: skip
 
 # %% ../nbs/03_single_gpu.ipynb #82a8fc9d
 @contextlib.contextmanager

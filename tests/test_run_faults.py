@@ -130,6 +130,14 @@ def test_a_launch_that_cannot_work_is_refused_in_one_line(tmp_path):
     if not torch.cuda.is_available():
         message = train(tmp_path, "--precision", "fp16", "--check")  # fp16 needs a GradScaler on a GPU
         assert "needs a CUDA GPU" in message and "\n" not in message, message
+    empty = tmp_path / "no-csvs"
+    empty.mkdir()
+    for flags, says in [
+        (["--data-dir", empty], "no-csvs/train.csv is missing or empty"),
+        (["--model-name", empty], "no-csvs"),
+    ]:
+        message = train(tmp_path, *map(str, flags), "--check")  # --check reads the data and finds the model, as runs do
+        assert message.startswith("train_single.py: error: ") and says in message and "\n" not in message, message
 
 
 def torchrun(nproc: int, out, *extra) -> subprocess.CompletedProcess:
