@@ -113,8 +113,8 @@ def locate_data(data_dir: str | os.PathLike | None = None, source: str = "auto")
         )
     if folder is not None and not folder.is_dir():
         raise DataFolderError(
-            f"AG News folder {folder} does not exist. Set DISTRINEWS_DATA_DIR (or data_dir=) to the folder holding "
-            "train.csv and test.csv, or use data_source='hub' when online."
+            f"AG News folder {folder} does not exist or is not a folder. Set DISTRINEWS_DATA_DIR (or data_dir=) to "
+            "the folder holding train.csv and test.csv, or use data_source='hub' when online."
         )
     if folder is None and hub_offline(datasets=True):
         unset = "data_source='hub' reads only data_dir=" if source == "hub" else "DISTRINEWS_DATA_DIR is not set"

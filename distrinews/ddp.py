@@ -48,7 +48,7 @@ def init_options(timeout_s: float = 300, device: torch.device | None = None) -> 
     leave the others waiting forever; NCCL's `device_id`, which binds the group to this rank's GPU at once; and under
     torchrun's restarts a key-value store of this attempt's own (see below)."""
     if not 0 < timeout_s < 1e9:  # nan and inf too; else torch fails later, on a socket timeout, under pages of C++ log
-        raise ValueError(f"--timeout {timeout_s:g}: give the seconds a collective waits for a missing rank (0 to 1e9)")
+        raise ValueError(f"--timeout {timeout_s:g}: give the seconds a collective waits for a lost rank (0 < s < 1e9)")
     timeout = datetime.timedelta(seconds=timeout_s)
     options = dict(timeout=timeout)
     if device is not None and torch.device(device).type == "cuda":

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
 # %% ../nbs/01_model.ipynb #28bacc3c
@@ -32,7 +32,7 @@ OFFLINE_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"  # shipped offline by
 RANDOM_DISTILBERT = "random:distilbert-base-uncased"  # the real DistilBERT shape with random weights (speed tests)
 
 
-@dataclass  # pydantic's: each field is checked against its annotation, ranges included
+@dataclass(config=ConfigDict(allow_inf_nan=False))  # pydantic's: each field checked (ranges; no nan or inf)
 class RunConfig:
     "Everything that defines one training run. Sizes of `None` mean 'the whole split'."
 
@@ -47,12 +47,12 @@ class RunConfig:
     max_length: Annotated[int, Field(ge=2, le=512)] = 128  # tokens kept per text (AG News: rarely more than 100)
     batch_size: Annotated[int, Field(ge=1)] = 32  # rows per batch, per process (DDP: per rank)
     eval_batch_size: Annotated[int, Field(ge=1)] = 128  # rows per evaluation batch (no gradients: more fit)
-    lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4  # peak learning rate (linear warmup and decay)
+    lr: Annotated[float, Field(gt=0)] = 1e-4  # peak learning rate (linear warmup and decay)
     epochs: Annotated[int, Field(ge=1)] = 2  # passes over the training rows
     warmup_ratio: Annotated[float, Field(ge=0, le=1)] = 0.06  # fraction of optimizer steps spent warming up
-    weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.01  # AdamW's decoupled weight decay
+    weight_decay: Annotated[float, Field(ge=0)] = 0.01  # AdamW's decoupled weight decay
     grad_accum: Annotated[int, Field(ge=1)] = 1  # micro-batches per optimizer step
-    max_grad_norm: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0  # gradients clipped to this norm
+    max_grad_norm: Annotated[float, Field(gt=0)] = 1.0  # gradients clipped to this norm
     label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0  # target probability spread over the other classes
     layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0  # each layer's lr: this x the one above's (1: all alike)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 where native, fp16 on old GPUs, or fp32
