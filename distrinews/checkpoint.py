@@ -233,6 +233,7 @@ class RunState:
     step: int = 0
     history: list = dataclasses.field(default_factory=list)  # one dict of metrics per epoch
     train_log: list = dataclasses.field(default_factory=list)  # (step, training loss) after every optimizer step
+    data: str = ""  # the training rows' fingerprint (their text, labels and tokens): a resumed run needs the same
 
 
 def checkpoint_dir(cfg: RunConfig) -> Path:
@@ -260,17 +261,23 @@ def training_state(run: RunState, optimizer, scheduler, scaler, rng_states: list
     return state
 
 
-def resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, log=print):
-    """Load a checkpoint's training state into the optimizer, schedule and scaler, restore this
-    rank's random streams, and return where the run was. A fresh `RunState` when `checkpoint` is None."""
+def resume_from(checkpoint, cfg, rows, rank, world_size, optimizer, scheduler, scaler, log=print):
+    """Load a checkpoint's training state into the optimizer, schedule and scaler, restore this rank's random streams,
+    and return where the run was, refusing other training `rows` than it began with. A fresh `RunState` when
+    `checkpoint` is None."""
+    data = rows._fingerprint  # `tokenize_dataset`'s key: a hash of the rows' text and labels, the tokenizer, max_length
     if checkpoint is None:
-        return RunState()
+        return RunState(data=data)
     state, _ = load_training_state(checkpoint, map_location="cpu")  # load_state_dict moves it next to the parameters
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     scaler.load_state_dict(state["scaler"])
     run = RunState(**{f.name: state[f.name] for f in dataclasses.fields(RunState) if f.name in state})
     run.train_log = [tuple(x) for x in run.train_log]
+    if run.data not in ("", data):  # other CSVs (--data-dir, DISTRINEWS_DATA_DIR), edited rows ("": an older version)
+        raise CheckpointError(f"{checkpoint} was trained on other rows than these: resume with the data it began with, "
+                              "or start over with --fresh.")  # fmt: skip
+    run.data = data
     rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
     saved_world = state.get("world_size", len(rngs))
     if saved_world != world_size and run.epoch < cfg.epochs:  # each world size deals an epoch's rows in its own order

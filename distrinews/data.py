@@ -193,7 +193,8 @@ def _content_key(ds, tokenizer, max_length) -> str:
     h = hashlib.sha256()
     for t, y in zip(ds["text"], ds["label"]):
         h.update(t.encode() + bytes([y]))
-    h.update(f"{tokenizer.name_or_path}|{len(tokenizer)}|{type(tokenizer).__name__}|{max_length}".encode())
+    vocab = sorted(tokenizer.get_vocab().items())  # the tokenizer by what it does, not its path (a checkpoint's copy)
+    h.update(f"{vocab}|{type(tokenizer).__name__}|{max_length}".encode())
     return h.hexdigest()[:24]
 
 

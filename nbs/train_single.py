@@ -63,7 +63,7 @@ def train(cfg, device, resume="auto", fail_at_step=None, on_epoch_end=None, repo
     total_steps = math.ceil(len(train_dl) / cfg.grad_accum) * cfg.epochs
     scheduler = make_scheduler(optimizer, total_steps, int(cfg.warmup_ratio * total_steps))
     scaler = make_grad_scaler(precision, device)  # fp16 only: scales the loss so that small gradients survive
-    run = resume_from(checkpoint, cfg, rank, world_size, optimizer, scheduler, scaler, log)
+    run = resume_from(checkpoint, cfg, train_dl.dataset, rank, world_size, optimizer, scheduler, scaler, log)
     tracker = Tracker(cfg, report_to, run.step, rank)  # --report-to: TensorBoard or W&B, from rank 0 only
     steps_to_log = []  # (step, loss, lr, gradient norm), the tensors still on the device until they are read
     profiler = step_profiler(cfg, profile_steps, rank)  # --profile-steps N: a timeline of N steps, a trace per rank

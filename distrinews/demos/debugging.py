@@ -27,16 +27,8 @@ def grads_in_sync(model) -> bool:
     return all(torch.allclose(everyone[0], other, rtol=1e-6, atol=1e-9) for other in everyone[1:])
 
 # %% ../../nbs/08_debugging_ddp.ipynb #553e8dd7
-def train_steps(
-    rank: int,
-    world_size: int,
-    mode: str = "ddp",
-    steps: int = 3,
-    batch_size: int = 8,
-    straggler_s: float = 0.0,
-    width: int = 32,
-    comm_hook: str = "none",
-) -> dict:
+def train_steps(rank: int, world_size: int, mode: str = "ddp", steps: int = 3, batch_size: int = 8,
+                straggler_s: float = 0.0, width: int = 32, comm_hook: str = "none") -> dict:  # fmt: skip
     """Train `tiny_mlp` on rank-specific data. `mode`: 'ddp' (correct), 'unwrapped' (DDP built, the raw model trained),
     'no_sync' (every backward in `no_sync()`), 'local' (no process group); `comm_hook`: see `register_comm_hook` (04).
     Rank 1 sleeps `straggler_s` per step. Returns each step's gradient check, the replicas' check and fingerprint,
