@@ -233,7 +233,7 @@ class RunState:
     step: int = 0
     history: list = dataclasses.field(default_factory=list)  # one dict of metrics per epoch
     train_log: list = dataclasses.field(default_factory=list)  # (step, training loss) after every optimizer step
-    data: str = ""  # the training rows' fingerprint (their text, labels and tokens): a resumed run needs the same
+    data: str = ""  # the training rows' fingerprint (their text and labels, the tokenizer): a resume needs the same
 
 
 def checkpoint_dir(cfg: RunConfig) -> Path:
@@ -265,7 +265,7 @@ def resume_from(checkpoint, cfg, rows, rank, world_size, optimizer, scheduler, s
     """Load a checkpoint's training state into the optimizer, schedule and scaler, restore this rank's random streams,
     and return where the run was, refusing other training `rows` than it began with. A fresh `RunState` when
     `checkpoint` is None."""
-    data = rows._fingerprint  # `tokenize_dataset`'s key: a hash of the rows' text and labels, the tokenizer, max_length
+    data = Path(rows.cache_files[0]["filename"]).name  # tokenized-<hash of the rows' text, labels, tokenizer>.arrow
     if checkpoint is None:
         return RunState(data=data)
     state, _ = load_training_state(checkpoint, map_location="cpu")  # load_state_dict moves it next to the parameters
@@ -277,7 +277,6 @@ def resume_from(checkpoint, cfg, rows, rank, world_size, optimizer, scheduler, s
     if run.data not in ("", data):  # other CSVs (--data-dir, DISTRINEWS_DATA_DIR), edited rows ("": an older version)
         raise CheckpointError(f"{checkpoint} was trained on other rows than these: resume with the data it began with, "
                               "or start over with --fresh.")  # fmt: skip
-    run.data = data
     rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
     saved_world = state.get("world_size", len(rngs))
     if saved_world != world_size and run.epoch < cfg.epochs:  # each world size deals an epoch's rows in its own order

@@ -8,6 +8,7 @@ __all__ = ['clean_text', 'DataFolderError', 'find_data_dir', 'read_agnews_csv', 
            'check_training_rows', 'load_splits', 'loader_options', 'load_tokenized_splits']
 
 # %% ../nbs/02_dataset.ipynb #159ce7ed
+import contextlib
 import csv
 import hashlib
 import html
@@ -193,8 +194,9 @@ def _content_key(ds, tokenizer, max_length) -> str:
     h = hashlib.sha256()
     for t, y in zip(ds["text"], ds["label"]):
         h.update(t.encode() + bytes([y]))
-    vocab = sorted(tokenizer.get_vocab().items())  # the tokenizer by what it does, not its path (a checkpoint's copy)
-    h.update(f"{vocab}|{type(tokenizer).__name__}|{max_length}".encode())
+    vocab = sorted(tokenizer.get_vocab().items())  # the tokenizer by what it holds and does, not by its path or class
+    probe = tokenizer("Héllo WORLD 1,5")["input_ids"]  # (a checkpoint's copy is the same): lower-casing, accents, ...
+    h.update(f"{vocab}|{probe}|{max_length}".encode())
     return h.hexdigest()[:24]
 
 
@@ -213,11 +215,11 @@ def tokenize_dataset(ds, tokenizer, max_length: int = 128, cache_dir: str | os.P
     cache = cache_dir / f"tokenized-{key}.arrow"
     tokenize = lambda: ds.map(encode, batched=True, batch_size=1000, remove_columns=["text"], new_fingerprint=key,
                               cache_file_name=str(cache), desc="Tokenizing")  # fmt: skip
-    try:
-        return tokenize()
-    except (OSError, ValueError):  # a cache file cut short (a disk that filled, a copy stopped midway): made again
-        cache.unlink(missing_ok=True)
-        return tokenize()
+    with contextlib.suppress(OSError, ValueError):  # a cache file cut short (a disk that filled, a copy stopped midway)
+        if len(tokenized := tokenize()) == len(ds):  # fails to load, or loads fewer rows: it is made again
+            return tokenized
+    cache.unlink(missing_ok=True)
+    return tokenize()
 
 # %% ../nbs/02_dataset.ipynb #654ab02a
 class PadBatch(DataCollatorWithPadding):

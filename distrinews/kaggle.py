@@ -43,7 +43,7 @@ def attached_folders(has, root: str | os.PathLike | None = None, depth: int = 7)
 def _agnews_file(path: Path) -> bool:
     "True if `path` starts like an AG News CSV: the Kaggle header, or a class index 1-4 in the first field."
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:  # -sig: a byte-order mark first
             first = f.readline().strip()
     except OSError:
         return False

@@ -326,9 +326,7 @@ def build_classifier(name: str | os.PathLike, seed: int | None = None, dropout: 
         # float32 master weights whatever the file holds (transformers 5 would keep an fp16 file's dtype, and AdamW
         # on fp16 weights without loss scaling diverges): mixed precision comes from autocast, not from the weights
         return AutoModelForSequenceClassification.from_pretrained(source, config=config).float()
-    except (
-        Exception
-    ) as e:  # not found, offline; or a damaged folder: weights cut short, a config value of the wrong type
+    except Exception as e:  # not found, offline; a damaged folder (weights cut short, a config value's type)
         raise ModelNotAvailableError(
             f"Could not load model {name} ({type(e).__name__}: {e}). Use an intact model folder (save_pretrained's), "
             f"a hub model, or model_name={OFFLINE_ENCODER!r}."

@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None):
         print(f"distrinews-serve: error: {why}", file=sys.stderr)
         sys.exit(2)
     try:  # a host that does not resolve, a port in use or not ours: said at once, not after the model has loaded
-        socket.create_server((s.host, s.port), family=socket.AF_INET6 if ":" in s.host else socket.AF_INET).close()
+        for family, *_, address in socket.getaddrinfo(s.host, s.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+            socket.create_server(address[:2], family=family).close()  # each address uvicorn binds (asyncio's way)
     except OSError as e:
         print(f"distrinews-serve: error: --host, --port: {e.strerror}", file=sys.stderr)
         sys.exit(1)

@@ -231,7 +231,7 @@ def training_parser(prog: str = "train_single.py") -> argparse.ArgumentParser:
 def check_config(cfg: RunConfig, device: torch.device):
     "What `--check` prints: the profile, the precision, the rows read and checked, the tokenizer found; or the error."
     train, test = load_splits(cfg)  # the CSVs read and checked (columns, classes, encoding), or the hub's splits
-    load_tokenizer(cfg.model_name)  # the model's folder or hub name found (the run loads its weights)
+    load_tokenizer(find_checkpoint(checkpoint_dir(cfg)) or cfg.model_name)  # the model found (a resume: its checkpoint)
     print(f"{cfg.profile} profile, precision {pick_precision(cfg.precision, device)}, data from {data_source(cfg)} "
           f"({len(train):,} training rows, {len(test):,} to evaluate): OK")  # fmt: skip
 
@@ -251,6 +251,4 @@ def clear_errors(prog: str):
             message += ". A rank waited past --timeout (300 s unless set) for another: one that stopped, or a slow one"
         sys.exit(f"{prog}: error: {message}")
     except KeyboardInterrupt:  # Ctrl-C: nothing is lost that the last checkpoint holds
-        sys.exit(
-            f"{prog}: interrupted: the same command resumes from the last checkpoint in --output-dir, if one was saved"
-        )
+        sys.exit(f"{prog}: interrupted: run it again (not with --fresh) to resume from its last checkpoint")

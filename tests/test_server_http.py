@@ -443,7 +443,7 @@ def test_bad_settings_and_a_checkpoint_it_cannot_serve_stop_with_one_line(tmp_pa
         json.dumps({**json.loads((bad / "config.json").read_text()), "model_type": "llama"})
     )
     with pytest.raises(SystemExit) as e:
-        main(["--checkpoint", str(bad), "--device", "cpu"])
+        main(["--checkpoint", str(bad), "--device", "cpu", "--port", "0"])
     err = capsys.readouterr().err
     assert e.value.code == 1 and len(err.splitlines()) == 1, err[-2000:]
     assert "distrinews-serve: error:" in err and "LlamaForSequenceClassification" in err

@@ -205,7 +205,7 @@ def test_a_checkpoint_that_is_not_the_classifier_is_refused(tmp_path, checkpoint
         assert r.status_code == 503 and message in r.json()["detail"]
         assert str(tmp_path) not in h.text + r.text  # the folder by its name, not where it lies on the server's disk
     with pytest.raises(SystemExit) as stopped:
-        main(["--checkpoint", str(bad), "--device", "cpu", "--dtype", "fp32"])
+        main(["--checkpoint", str(bad), "--device", "cpu", "--dtype", "fp32", "--port", "0"])
     err = capsys.readouterr().err
     assert stopped.value.code == 1 and err.startswith("distrinews-serve: error: ") and message in err
     assert "Traceback" not in err
